@@ -1,0 +1,82 @@
+"""Checkpoints in ART's layout: `<model_dir>/checkpoints/<step:04d>/`, written atomically.
+
+A step folder is built under a hidden temporary name, fsynced and renamed, so a process killed
+mid-save leaves either the whole checkpoint or none (ART's step discovery ignores hidden names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def checkpoint_dir(model_dir: Path, step: int) -> Path:
+    return model_dir / "checkpoints" / f"{step:04d}"
+
+
+def list_steps(model_dir: Path) -> list[int]:
+    root = model_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def latest_step(model_dir: Path) -> int | None:
+    steps = list_steps(model_dir)
+    return steps[-1] if steps else None
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(model_dir: Path, step: int, write: Any) -> Path:
+    """Call `write(tmp_folder)` then publish it as step `step`; returns the final folder."""
+    final = checkpoint_dir(model_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:04d}-", dir=final.parent))
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        if final.exists():  # a re-run of the same step replaces it whole
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_tree(final.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def delete_steps(model_dir: Path, keep: set[int]) -> list[int]:
+    removed = [s for s in list_steps(model_dir) if s not in keep]
+    for step in removed:
+        shutil.rmtree(checkpoint_dir(model_dir, step), ignore_errors=True)
+    return removed
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """temp file + fsync + rename: readers see the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp).replace(path)
+    finally:
+        if Path(tmp).exists():
+            Path(tmp).unlink()

@@ -1,0 +1,137 @@
+"""Run configuration: one validated pydantic model, built from `key=value` arguments.
+
+Errors are one line that names the key and the valid choices (the CLI exits 2 on them).
+Keys under `source.` patch the scenario's `[source]` table (e.g. `source.max_value=50`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
+
+SECRET_MARKERS = ("key", "token", "secret", "password")
+
+
+class ConfigError(ValueError):
+    """A bad run configuration, phrased for the command line."""
+
+
+class RunConfig(BaseModel):
+    """Everything a run needs; logged to `config.json` at start (seeds included, no secrets)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    scenario: str = "arith"
+    mode: Literal["eval", "rl"] = "rl"
+    seed: int = 0
+    run_name: str | None = None
+    run_dir: Path | None = None
+    resume: bool = True
+    base_model: str = DEFAULT_BASE_MODEL
+    backend: Literal["torch"] = "torch"
+    project: str = "art-rlvr"
+    system_prompt: str | None = None
+    source_overrides: dict[str, Any] = Field(default_factory=dict)
+
+    # sampling
+    max_tokens: int = Field(default=32, ge=1, le=4096)
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    eval_temperature: float = Field(default=0.0, ge=0.0, le=5.0)
+    val_limit: int | None = Field(default=None, ge=1)
+    eval_test: bool = True
+
+    # RL (tinker-cookbook math_rl style knobs)
+    groups_per_batch: int = Field(default=6, ge=1)
+    group_size: int = Field(default=6, ge=2)
+    n_batches: int = Field(default=24, ge=0)
+    learning_rate: float = Field(default=2e-4, gt=0.0)
+    lora_rank: int = Field(default=16, ge=1, le=512)
+    loss_fn: Literal["cispo", "ppo"] = "cispo"
+    kl_penalty_coef: float = Field(default=0.0, ge=0.0)
+    scale_rewards: bool = True
+    eval_every: int = Field(default=8, ge=1)
+    max_exceptions: float = Field(default=0.1, ge=0.0)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("run_name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "/" in value or value.startswith(".")):
+            raise ValueError("must be a plain folder name (no '/', not starting with '.')")
+        return value
+
+    @property
+    def name(self) -> str:
+        return self.run_name or f"{Path(self.scenario).stem}-{self.mode}-s{self.seed}"
+
+    @property
+    def directory(self) -> Path:
+        return self.run_dir or Path("runs") / self.name
+
+    def public_dump(self) -> dict[str, Any]:
+        """The config as JSON-able data with anything secret-looking masked."""
+        data = json.loads(self.model_dump_json())
+        return {
+            k: ("***" if any(m in k.lower() for m in SECRET_MARKERS) and v else v)
+            for k, v in data.items()
+        }
+
+
+def _coerce_source_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return [part.strip() for part in raw.split(",")] if "," in raw else raw
+
+
+def parse_args(argv: list[str]) -> RunConfig:
+    """`key=value` words -> RunConfig, or a ConfigError with one clear line."""
+    fields = RunConfig.model_fields
+    values: dict[str, Any] = {}
+    source: dict[str, Any] = {}
+    for word in argv:
+        key, sep, raw = word.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got {word!r}")
+        if key.startswith("source."):
+            source[key.removeprefix("source.")] = _coerce_source_value(raw)
+            continue
+        if key not in fields or key == "source_overrides":
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            valid = ", ".join(k for k in fields if k != "source_overrides")
+            raise ConfigError(f"unknown key {key!r}{hint}; valid keys: {valid}, source.<field>")
+        if key in values:
+            raise ConfigError(f"key {key!r} given twice")
+        values[key] = None if raw.lower() in ("none", "null") and key in _NULLABLE else raw
+    if source:
+        values["source_overrides"] = source
+    try:
+        return RunConfig.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "config"
+        allowed = first.get("ctx", {}).get("expected")
+        extra = f" (expected {allowed})" if allowed else ""
+        given = values.get(str(first["loc"][0])) if first["loc"] else None
+        raise ConfigError(f"bad value for {key!r}: {given!r}: {first['msg']}{extra}") from None
+
+
+_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit"}

@@ -1,0 +1,72 @@
+"""Held-out evaluation: one greedy rollout per scenario, accuracy from the reward's `correct`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import art
+import weave
+from pydantic import BaseModel, ConfigDict
+
+from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.scenario import Scenario
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    split: str
+    n: int
+    accuracy: float
+    mean_reward: float
+    format_rate: float
+    mean_completion_tokens: float
+    errors: int
+    groups: list[art.TrajectoryGroup]
+
+    def line(self) -> str:
+        return (
+            f"{self.split}: accuracy {self.accuracy:.3f} (n={self.n}), "
+            f"reward {self.mean_reward:.3f}, "
+            f"format {self.format_rate:.2f}, {self.mean_completion_tokens:.1f} tokens/completion"
+            + (f", {self.errors} errors" if self.errors else "")
+        )
+
+
+@weave.op(name="art_rlvr.evaluate")
+async def evaluate(
+    model: art.Model,
+    scenarios: Sequence[Scenario],
+    *,
+    system_prompt: str | None = None,
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0),
+    split: str = "val",
+    step: int | None = None,
+) -> EvalReport:
+    if not scenarios:
+        raise ValueError(f"no {split} scenarios to evaluate")
+    results = await art.gather_trajectories(
+        [
+            rollout(model, sc, system_prompt=system_prompt, sampling=sampling, step=step)
+            for sc in scenarios
+        ],
+        pbar_desc=f"eval {split}",
+        max_exceptions=len(scenarios),
+    )
+    trajectories = [r for r in results if isinstance(r, art.Trajectory)]
+    errors = len(results) - len(trajectories)
+    n = len(scenarios)
+
+    def mean(key: str) -> float:
+        return sum(float(t.metrics.get(key, 0.0)) for t in trajectories) / n
+
+    return EvalReport(
+        split=split,
+        n=n,
+        accuracy=sum(float(t.metrics.get("correct", t.reward >= 1.0)) for t in trajectories) / n,
+        mean_reward=sum(t.reward for t in trajectories) / n,
+        format_rate=mean("format"),
+        mean_completion_tokens=mean("completion_tokens"),
+        errors=errors,
+        groups=[art.TrajectoryGroup(trajectories)],
+    )

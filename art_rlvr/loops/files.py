@@ -1,0 +1,91 @@
+"""The run folder: config, metrics, trajectories, resumable state and the summary.
+
+Every JSON state file is replaced atomically (temp + fsync + rename); a state file that does
+not parse is reported, never silently ignored, because ignoring it would restart a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from art_rlvr.backend.checkpoints import write_json_atomic
+
+if TYPE_CHECKING:
+    import art
+
+
+class StateFileError(RuntimeError):
+    """A state file exists but is corrupt or truncated."""
+
+
+class RunFiles:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def art_path(self) -> Path:
+        return self.root / ".art"
+
+    def write_json(self, name: str, data: Any) -> None:
+        write_json_atomic(self.root / name, data)
+
+    def read_json(self, name: str) -> Any | None:
+        path = self.root / name
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise StateFileError(
+                f"{path} is corrupt ({error}); move it away to start over, or restore it"
+            ) from None
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """One JSON line per event; fsynced so a crash keeps every finished line."""
+        with (self.root / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True, default=float) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.root / "metrics.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash mid-write
+        return out
+
+    def write_trajectories(self, name: str, groups: list[art.TrajectoryGroup]) -> Path:
+        folder = self.root / "trajectories"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{name}.jsonl"
+        rows = [trajectory_row(t) for g in groups for t in g.trajectories]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        tmp.replace(path)
+        return path
+
+
+def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
+    """A readable record of one trajectory: prompt, completion, reward, feedback."""
+    items = list(t.messages_and_choices)
+    prompt = [m for m in items if isinstance(m, dict)]
+    completions = [getattr(c, "message", None) for c in items if not isinstance(c, dict)]
+    return {
+        "scenario_id": t.metadata.get("scenario_id"),
+        "prompt_hash": t.metadata.get("prompt_hash"),
+        "messages": prompt,
+        "completion": completions[-1].content if completions and completions[-1] else None,
+        "reward": t.reward,
+        "feedback": t.logs[0] if t.logs else "",
+        "metrics": dict(t.metrics),
+    }

@@ -1,0 +1,13 @@
+"""Reward functions `R(x, y) -> Score`, one module per family, looked up by name."""
+
+from art_rlvr.rewards.base import RewardConfigError, RewardFn, Score, build_reward
+from art_rlvr.rewards.numeric import numeric
+
+REWARDS = {"numeric": numeric}
+
+
+def make_reward(name: str, params: dict | None = None) -> RewardFn:
+    return build_reward(name, dict(params or {}), REWARDS)
+
+
+__all__ = ["REWARDS", "RewardConfigError", "RewardFn", "Score", "make_reward"]

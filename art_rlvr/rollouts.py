@@ -1,0 +1,129 @@
+"""`rollout(model, scenario) -> art.Trajectory`, on any ART backend.
+
+It talks only through `model.openai_client()` and `model.get_inference_name()`, keeps the
+response `Choice` (with the backend's token ids and logprobs) so the trajectory can be trained
+on, and attaches the scenario's reward, metrics, feedback and metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import art
+import weave
+from pydantic import BaseModel, ConfigDict, Field
+
+from art_rlvr.scenario import Scenario, prompt_hash
+
+
+class SamplingConfig(BaseModel):
+    """How a rollout samples; `seed` makes a rollout's sample reproducible on TorchBackend."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(default=48, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+def rollout_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (run seed, step, scenario id, sample index)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@weave.op(name="art_rlvr.rollout")
+async def rollout(
+    model: art.Model,
+    scenario: Scenario,
+    *,
+    system_prompt: str | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    step: int | None = None,
+) -> art.Trajectory:
+    messages = scenario.messages(system_prompt)
+    s = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    extra = {"seed": sampling.seed} if sampling.seed is not None else {}
+    response = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(step),
+        messages=messages,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop=list(sampling.stop) or None,
+        logprobs=True,
+        **extra,
+    )
+    if not response.choices:
+        raise RuntimeError(f"backend returned no choices for scenario {scenario.id}")
+    choice = response.choices[0]
+    text = choice.message.content or ""
+    score = await scenario.score(text)
+    usage = response.usage
+    return art.Trajectory(
+        messages_and_choices=[*messages, choice],
+        reward=score.reward,
+        metrics={
+            **score.metrics,
+            "completion_tokens": float(usage.completion_tokens if usage else 0),
+            "truncated": float(choice.finish_reason == "length"),
+        },
+        metadata={
+            "scenario_id": scenario.id,
+            "split": scenario.split,
+            "task": scenario.task.name,
+            "prompt_hash": prompt_hash(s),
+        },
+        logs=[score.feedback],
+    )
+
+
+async def rollout_group(
+    model: art.Model,
+    scenario: Scenario,
+    n: int,
+    *,
+    system_prompt: str | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int | None = None,
+) -> art.TrajectoryGroup:
+    """N rollouts of one scenario as ART's `TrajectoryGroup` (sample i gets its own seed)."""
+    configs = [
+        sampling
+        if seed is None
+        else sampling.model_copy(update={"seed": rollout_seed(seed, scenario.id, i)})
+        for i in range(n)
+    ]
+    return await art.trajectory_group(
+        [rollout(model, scenario, system_prompt=system_prompt, sampling=c) for c in configs],
+        metadata={"scenario_id": scenario.id},
+        return_exceptions=False,
+    )
+
+
+async def gather_groups(
+    model: art.Model,
+    scenarios: Iterable[Scenario],
+    n: int,
+    *,
+    system_prompt: str | None = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    seed: int | None = None,
+    max_exceptions: int | float = 0,
+    description: str = "rollouts",
+) -> list[art.TrajectoryGroup]:
+    """Many groups at once through `art.gather_trajectory_groups` (its progress bar and limits)."""
+    return await art.gather_trajectory_groups(
+        (
+            rollout_group(model, sc, n, system_prompt=system_prompt, sampling=sampling, seed=seed)
+            for sc in scenarios
+        ),
+        pbar_desc=description,
+        max_exceptions=max_exceptions,
+    )
+
+
+__all__ = ["SamplingConfig", "gather_groups", "rollout", "rollout_group", "rollout_seed"]

@@ -1,0 +1,160 @@
+"""`python -m art_rlvr.run scenario=arith mode=rl key=value ...`: parse, build, dispatch on mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import sys
+import time
+from importlib.metadata import version
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
+os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
+
+from art_rlvr.config import ConfigError, RunConfig, parse_args
+from art_rlvr.loops.files import RunFiles, StateFileError
+from art_rlvr.scenario import Task, load_task
+from art_rlvr.sources import ScenarioFileError
+
+log = logging.getLogger("art_rlvr")
+
+MODE_TITLES = {"eval": "evaluation only", "rl": "RL-only (fixed prompt)"}
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
+    root = logging.getLogger()
+    root.setLevel(cfg.log_level)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(files.root / "run.log")):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    for noisy in ("httpx", "LiteLLM", "litellm", "weave"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
+    """Everything that can reject the run cheaply, before the heavy imports."""
+    task = load_task(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    files = RunFiles(cfg.directory)
+    files.read_json("state.json")  # a corrupt state file stops the run before anything starts
+    if not cfg.resume and (files.root / "state.json").exists():
+        raise ConfigError(f"{files.root} already holds a run; pass resume=true or a new run_name")
+    return task, files
+
+
+async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]:
+    import art
+
+    from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
+    from art_rlvr.loops.rl import RunContext, peak_rss_mb, run_eval, run_rl
+
+    setup_logging(cfg, files)
+    seed_everything(cfg.seed)
+    files.write_json("config.json", {**cfg.public_dump(), "versions": _versions()})
+    log.info(
+        "mode: %s | scenario %s | seed %d | run_dir %s",
+        MODE_TITLES[cfg.mode],
+        task.name,
+        cfg.seed,
+        files.root,
+    )
+    log.info("config: %s", cfg.model_dump_json())
+    log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
+    backend = TorchBackend(
+        path=files.art_path,
+        seed=cfg.seed,
+        lora=LoraSettings(rank=cfg.lora_rank, alpha=2 * cfg.lora_rank),
+    )
+    model = art.TrainableModel(
+        name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
+    )
+    started = time.monotonic()
+    prior = files.read_json("summary.json") or {}
+    try:
+        await model.register(backend)
+        ctx = RunContext(cfg, task, backend, model, files, started)
+        if cfg.mode == "eval":
+            step = await model.get_step()
+            report = await run_eval(ctx, step)
+            result: dict[str, Any] = {
+                "val_accuracy_before": report.accuracy,
+                "val_accuracy_after": report.accuracy,
+                "steps": step,
+            }
+        else:
+            result = await run_rl(ctx)
+    finally:
+        await backend.close()
+    wall = (
+        time.monotonic()
+        - started
+        + float(
+            prior.get("wall_seconds", 0.0)
+            if prior.get("steps", 0) < result.get("steps", 0)
+            else 0.0
+        )
+    )
+    summary = {
+        "mode": cfg.mode,
+        "scenario": task.name,
+        "seed": cfg.seed,
+        "base_model": cfg.base_model,
+        **result,
+        "wall_seconds": round(wall, 2),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    files.write_json("summary.json", summary)
+    return summary
+
+
+def _versions() -> dict[str, str]:
+    return {
+        pkg: version(pkg) for pkg in ("openpipe-art", "torch", "transformers", "peft", "art-rlvr")
+    }
+
+
+def print_summary(summary: dict[str, Any], cfg: RunConfig) -> None:
+    before, after = summary.get("val_accuracy_before"), summary.get("val_accuracy_after")
+    lines = [
+        f"run        {cfg.directory}",
+        f"mode       {summary['mode']} on {summary['scenario']} (seed {summary['seed']})",
+        f"val acc    {before:.3f} -> {after:.3f}"
+        if before is not None and after is not None
+        else "val acc    n/a",
+        f"steps      {summary.get('steps')}",
+        f"wall       {summary['wall_seconds']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB",
+    ]
+    if summary.get("test_accuracy_after") is not None:
+        lines.insert(3, f"test acc   {summary['test_accuracy_after']:.3f}")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        task, files = prepare(cfg)
+        summary = asyncio.run(execute(cfg, task, files))
+    except (ConfigError, ScenarioFileError, StateFileError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
+    print_summary(summary, cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

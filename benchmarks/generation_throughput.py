@@ -1,0 +1,105 @@
+"""Aggregate completion tokens/s of TorchBackend over HTTP at 1, 8, 32 concurrent requests,
+next to plain transformers `generate` at batch 1 on the same weights, in the same process.
+
+    uv run python benchmarks/generation_throughput.py [--tokens 48] [--repeats 3]
+
+Prints one line per setting with the median over repeats and the ratio to HF batch-1.
+Every request is forced to produce exactly `--tokens` tokens (no early stop), so tokens/s
+compare like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+import art
+import torch
+
+from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
+
+SUBJECTS = ["a lighthouse keeper", "a baker", "a lost cat", "a robot", "a river", "a violinist",
+            "a glacier", "a chess player", "a kite", "a miner", "an owl", "a ferry", "a comet",
+            "a gardener", "a clockmaker", "a desert", "a tailor", "a whale", "a librarian",
+            "a volcano", "a beekeeper", "a train", "a fox", "a painter", "a storm", "a monk",
+            "a pilot", "a forest", "a sailor", "a lantern", "a bridge", "a snowman"]  # fmt: skip
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+
+
+def prompt(i: int, shared: bool) -> list[dict[str, str]]:
+    if shared:
+        return PROMPT
+    return [
+        {"role": "user", "content": f"Write a short story about {SUBJECTS[i % len(SUBJECTS)]}."}
+    ]
+
+
+async def http_rate(
+    model: art.TrainableModel, concurrency: int, tokens: int, shared: bool = False
+) -> float:
+    client = model.openai_client()
+
+    async def one(i: int) -> int:
+        response = await client.chat.completions.create(
+            model=model.get_inference_name(), messages=prompt(i, shared), max_tokens=tokens,
+            temperature=1.0, seed=i, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return response.usage.completion_tokens
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*[one(i) for i in range(concurrency)])
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def hf_rate(backend: TorchBackend, tokens: int) -> float:
+    base = next(iter(backend._bases.values()))
+    ids = base.tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    with base.lock, torch.inference_mode(), base.model.disable_adapter():
+        started = time.perf_counter()
+        out = base.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+            min_new_tokens=tokens, do_sample=True, pad_token_id=base.tokenizer.pad_token_id,
+        )  # fmt: skip
+        elapsed = time.perf_counter() - started
+    return (out.shape[1] - ids.shape[1]) / elapsed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = TorchBackend(path=tmp)
+        model = art.TrainableModel(
+            name="bench", project="bench", run_name="bench", base_model=DEFAULT_BASE_MODEL
+        )
+        await model.register(backend)
+        await http_rate(model, 2, 8)  # warm-up
+        hf = statistics.median([hf_rate(backend, args.tokens) for _ in range(args.repeats)])
+        print(f"hf_generate batch=1: {hf:.1f} tokens/s (median of {args.repeats})")
+        for c in args.concurrency:
+            rates = [await http_rate(model, c, args.tokens) for _ in range(args.repeats)]
+            rate = statistics.median(rates)
+            print(
+                f"torch_backend http concurrency={c} distinct prompts: {rate:.1f} tokens/s, ratio vs hf batch-1 {rate / hf:.2f}x"
+            )
+        c = max(args.concurrency)
+        rate = statistics.median(
+            [await http_rate(model, c, args.tokens, shared=True) for _ in range(args.repeats)]
+        )
+        print(
+            f"torch_backend http concurrency={c} one shared prompt (a GRPO group): {rate:.1f} tokens/s, ratio vs hf batch-1 {rate / hf:.2f}x"
+        )
+        await backend.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,62 @@
+"""Shared fixtures: one real TorchBackend with the real embedded model, served on loopback."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("WEAVE_DISABLED", "true")
+
+import art
+import pytest
+
+from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def art_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("art")
+
+
+@pytest.fixture(scope="session")
+async def backend(art_path: Path):
+    b = TorchBackend(path=art_path, seed=0)
+    yield b
+    await b.close()
+
+
+@pytest.fixture(scope="session")
+def task():
+    return load_task("arith", seed=0)
+
+
+async def new_model(backend: TorchBackend, prefix: str = "m") -> art.TrainableModel:
+    """A fresh trainable model (its own LoRA adapter) on the shared base model."""
+    model = art.TrainableModel(
+        name=f"{prefix}{next(_names)}",
+        project="tests",
+        run_name=f"{prefix}{next(_names)}",
+        base_model=DEFAULT_BASE_MODEL,
+    )
+    await model.register(backend)
+    return model
+
+
+@pytest.fixture(scope="session")
+def make_model(backend: TorchBackend):
+    """Factory: `await make_model("prefix")` gives a fresh model with its own adapter."""
+
+    async def make(prefix: str = "m") -> art.TrainableModel:
+        return await new_model(backend, prefix)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+async def model(backend: TorchBackend) -> art.TrainableModel:
+    """A shared model that tests must not train."""
+    return await new_model(backend, "shared")

@@ -1,0 +1,104 @@
+"""The CLI end to end in subprocesses: eval, a tiny RL run, and SIGKILL + resume."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = [
+    "scenario=arith",
+    "max_tokens=8",
+    "val_limit=6",
+    "eval_test=false",
+    "groups_per_batch=2",
+    "group_size=2",
+]
+
+
+def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "art_rlvr.run", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_eval_writes_summary_config_and_trajectories(tmp_path: Path) -> None:
+    run_dir = tmp_path / "eval"
+    proc = run_cli(*TINY, "mode=eval", f"run_dir={run_dir}", "seed=3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["mode"] == "eval" and summary["scenario"] == "arith" and summary["steps"] == 0
+    assert summary["val_accuracy_before"] == summary["val_accuracy_after"]
+    assert 0.0 <= summary["val_accuracy_before"] <= 1.0 and summary["wall_seconds"] > 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["seed"] == 3 and config["mode"] == "eval" and "versions" in config
+    rows = (run_dir / "trajectories" / "val_0000.jsonl").read_text().splitlines()
+    assert len(rows) == 6 and {"completion", "reward", "feedback"} <= json.loads(rows[0]).keys()
+    assert "val acc" in proc.stdout
+    assert "mode: evaluation only" in (run_dir / "run.log").read_text()
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if '"event": "train"' in line]
+
+
+def checkpoints(run_dir: Path) -> list[str]:
+    folder = next((run_dir / ".art").glob("*/models/*/checkpoints"))
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("kill_seed", [0])
+def test_rl_survives_sigkill_and_resumes_without_lost_or_repeated_steps(
+    tmp_path: Path, kill_seed: int
+) -> None:
+    run_dir = tmp_path / "rl"
+    args = [*TINY, "n_batches=4", "eval_every=2", f"run_dir={run_dir}", "learning_rate=1e-4"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "art_rlvr.run", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    target = random.Random(kill_seed).choice(
+        [1, 2]
+    )  # kill once this checkpoint exists, plus jitter
+    deadline = time.monotonic() + 300
+    ckpt_root = run_dir / ".art"
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(ckpt_root.glob(f"*/models/*/checkpoints/{target:04d}"))
+        if done:
+            time.sleep(random.Random(kill_seed).uniform(0.0, 1.5))
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = train_steps(run_dir)
+    assert len(killed_at) == len(set(killed_at))
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4
+    steps = train_steps(run_dir)
+    assert len(steps) == len(set(steps)) and set(steps) <= {1, 2, 3, 4} and steps == sorted(steps)
+    assert {3, 4} <= set(steps)
+    assert checkpoints(run_dir) == ["0000", "0001", "0002", "0003", "0004"]
+    assert summary["val_accuracy_before"] is not None and summary["val_accuracy_after"] is not None
+    assert "resuming at step" in (run_dir / "run.log").read_text()
+
+
+def test_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:
+    run_dir = tmp_path / "bad"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text('{"evals": {"0": 0.')
+    proc = run_cli(*TINY, "n_batches=1", f"run_dir={run_dir}")
+    assert proc.returncode == 2
+    assert "state.json is corrupt" in proc.stderr and "Traceback" not in proc.stderr

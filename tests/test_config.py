@@ -1,0 +1,64 @@
+import subprocess
+import sys
+
+import pytest
+
+from art_rlvr.config import ConfigError, parse_args
+
+
+def test_defaults_and_coercion() -> None:
+    cfg = parse_args(
+        [
+            "scenario=arith",
+            "n_batches=3",
+            "learning_rate=1e-4",
+            "resume=false",
+            "source.max_value=30",
+            "source.ops=+,-",
+        ]
+    )
+    assert cfg.n_batches == 3 and cfg.learning_rate == 1e-4 and cfg.resume is False
+    assert cfg.source_overrides == {"max_value": 30, "ops": ["+", "-"]}
+    assert cfg.name == "arith-rl-s0"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nbatches=3"], "unknown key 'nbatches' (did you mean 'n_batches'?)"),
+        (["mode=fly"], "bad value for 'mode'"),
+        (["learning_rate=abc"], "bad value for 'learning_rate'"),
+        (["learning_rate=-1"], "greater than 0"),
+        (["group_size=1"], "greater than or equal to 2"),
+        (["n_batches"], "expected key=value"),
+        (["seed=1", "seed=2"], "given twice"),
+        (["run_name=../x"], "plain folder name"),
+        (["learning_rate=nan"], "bad value for 'learning_rate'"),
+    ],
+)
+def test_bad_config_is_one_clear_line(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bogus=1"], "unknown key 'bogus'"),
+        (["scenario=nope", "mode=eval"], "unknown scenario 'nope'"),
+        (["temperature=hot"], "bad value for 'temperature'"),
+    ],
+)
+def test_cli_bad_config_exits_2_without_traceback(args: list[str], message: str, tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "art_rlvr.run", *args, f"run_dir={tmp_path / 'r'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0

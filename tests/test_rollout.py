@@ -1,0 +1,59 @@
+"""Rollouts and groups through ART's own gather, on the real backend."""
+
+import art
+from openai.types.chat.chat_completion import Choice
+
+from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
+from art_rlvr.scenario import prompt_hash
+
+
+async def test_rollout_records_choice_reward_and_metadata(model, task) -> None:
+    sc = task.splits["val"][0]
+    t = await rollout(model, sc, sampling=SamplingConfig(max_tokens=16, temperature=0))
+    assert isinstance(t, art.Trajectory)
+    *messages, choice = t.messages_and_choices
+    assert isinstance(choice, Choice) and choice.model_extra["token_ids"]
+    assert messages == sc.messages()
+    assert t.reward in (0.0, 1.0) and t.metrics["correct"] == t.reward
+    assert t.metadata["scenario_id"] == sc.id
+    assert t.metadata["prompt_hash"] == prompt_hash(task.default_system_prompt)
+    assert t.logs and t.logs[0]
+
+
+async def test_custom_system_prompt_changes_hash(model, task) -> None:
+    t = await rollout(
+        model,
+        task.splits["val"][1],
+        system_prompt="Just digits.",
+        sampling=SamplingConfig(max_tokens=8),
+    )
+    assert t.messages_and_choices[0] == {"role": "system", "content": "Just digits."}
+    assert t.metadata["prompt_hash"] == prompt_hash("Just digits.")
+
+
+async def test_group_and_gather_with_seeds(model, task) -> None:
+    scenarios = task.splits["train"][:3]
+    sampling = SamplingConfig(max_tokens=16, temperature=1.0)
+    groups = await gather_groups(model, scenarios, 4, sampling=sampling, seed=7)
+    assert [len(g.trajectories) for g in groups] == [4, 4, 4]
+    assert [g.metadata["scenario_id"] for g in groups] == [s.id for s in scenarios]
+    again = await rollout_group(model, scenarios[0], 4, sampling=sampling, seed=7)
+    tokens = [
+        [t.messages_and_choices[-1].model_extra["token_ids"] for t in g.trajectories]
+        for g in (groups[0], again)
+    ]
+    assert tokens[0] == tokens[1]
+
+
+async def test_trajectories_tokenize_with_art(model, task, backend) -> None:
+    """ART's own `Trajectory.tokenize` accepts what our server returned, token for token."""
+    t = await rollout(model, task.splits["val"][2], sampling=SamplingConfig(max_tokens=8))
+    base = next(iter(backend._bases.values()))
+    tokenized = t.tokenize(
+        model=model.get_inference_name(), base_model=base.path, tokenizer=base.tokenizer
+    )
+    choice = t.messages_and_choices[-1]
+    expected = choice.model_extra["prompt_token_ids"] + choice.model_extra["token_ids"]
+    assert list(tokenized.tokens)[: len(expected)] == expected
+    sampled = [lp.logprob for lp in choice.logprobs.content]
+    assert list(tokenized.logprobs)[len(expected) - len(sampled) : len(expected)] == sampled

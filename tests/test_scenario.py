@@ -1,0 +1,141 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from art_rlvr import load_task
+from art_rlvr.scenario import builtin_scenarios
+from art_rlvr.sources import ScenarioFileError
+
+
+def ids(task, split):
+    return [s.id for s in task.splits[split]]
+
+
+def test_arith_splits_are_disjoint_and_sized() -> None:
+    task = load_task("arith", seed=0)
+    sets = {split: set(ids(task, split)) for split in ("train", "val", "test")}
+    assert len(sets["val"]) == 100 and len(sets["test"]) == 100 and len(sets["train"]) == 400
+    assert not sets["train"] & sets["val"] and not sets["train"] & sets["test"]
+    assert not sets["val"] & sets["test"]
+
+
+def test_same_seed_same_order_other_seed_other_order() -> None:
+    assert ids(load_task("arith", seed=3), "train") == ids(load_task("arith", seed=3), "train")
+    assert ids(load_task("arith", seed=3), "train") != ids(load_task("arith", seed=4), "train")
+
+
+def test_arith_answers_and_no_negative_subtraction() -> None:
+    task = load_task("arith", seed=0)
+    for sc in task.splits["train"]:
+        a, op, b = sc.x["a"], sc.x["op"], sc.x["b"]
+        assert sc.x["answer"] == (a + b if op == "+" else a - b)
+        assert sc.x["answer"] >= 0
+
+
+def test_source_overrides_change_difficulty() -> None:
+    task = load_task(
+        "arith",
+        seed=0,
+        overrides={"ops": ["*"], "mul_max_value": 12, "splits": {"train": 20, "val": 5, "test": 5}},
+    )
+    assert {sc.x["op"] for sc in task.splits["train"]} == {"*"}
+
+
+def test_render_uses_system_prompt_and_template() -> None:
+    task = load_task("arith", seed=0)
+    sc = task.splits["val"][0]
+    messages = sc.messages("Be brief.")
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert f"{sc.x['a']} {sc.x['op']} {sc.x['b']}" in messages[1]["content"]
+    assert sc.messages("")[0]["role"] == "user"
+
+
+def test_builtin_list() -> None:
+    assert "arith" in builtin_scenarios()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def user_toml(tmp_path: Path, data: str = "data.jsonl", reward: str = '"numeric"') -> Path:
+    return write(
+        tmp_path / "mine.toml",
+        f"""
+name = "mine"
+user_template = "Q: {{question}}"
+id_field = "qid"
+[source]
+type = "jsonl"
+path = "{data}"
+required_fields = ["question", "answer"]
+splits = {{ train = 2, val = 1, test = 0 }}
+[reward]
+name = {reward}
+""",
+    )
+
+
+def test_user_defined_jsonl_scenario(tmp_path: Path) -> None:
+    rows = [{"qid": f"q{i}", "question": f"{i}+1?", "answer": i + 1} for i in range(3)]
+    write(tmp_path / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    task = load_task(str(user_toml(tmp_path)), seed=0)
+    assert len(task.splits["train"]) == 2 and len(task.splits["val"]) == 1
+    assert task.splits["val"][0].id.startswith("q")
+
+
+@pytest.mark.parametrize(
+    ("data", "reward", "message"),
+    [
+        ("missing.jsonl", '"numeric"', "data file not found"),
+        ("bad.jsonl", '"numeric"', "bad.jsonl:2: not valid JSON"),
+        ("nofield.jsonl", '"numeric"', "nofield.jsonl:1: missing field"),
+        ("ok.jsonl", '"nonesuch"', "unknown reward 'nonesuch'"),
+        ("ok.jsonl", '"no_such_module_xyz:fn"', "cannot import module"),
+        ("ok.jsonl", '"json:nonesuch"', "has no attribute"),
+    ],
+)
+def test_bad_user_scenarios_name_file_and_line(
+    tmp_path: Path, data: str, reward: str, message: str
+) -> None:
+    write(tmp_path / "bad.jsonl", '{"question": "a", "answer": 1}\n{not json\n')
+    write(tmp_path / "nofield.jsonl", '{"question": "a"}\n')
+    write(tmp_path / "ok.jsonl", '{"question": "a", "answer": 1}\n')
+    with pytest.raises(ScenarioFileError, match=message.replace("(", r"\(")):
+        load_task(str(user_toml(tmp_path, data, reward)), seed=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name = [", "not valid TOML"),
+        ('name = "x"\nuser_template = "{a}"\n[reward]\nname = "numeric"\n', "field 'source'"),
+        (
+            'name = "x"\nuser_template = "{a}"\nsurprise = 1\n[source]\ntype="arith"\n[reward]\nname="numeric"\n',
+            "surprise",
+        ),
+        (
+            'name = "x"\nuser_template = "{a}"\n[source]\ntype="nope"\n[reward]\nname="numeric"\n',
+            "source.type 'nope' unknown",
+        ),
+        (
+            'name = "x"\nuser_template = "{zzz}"\n[source]\ntype="arith"\n[reward]\nname="numeric"\n',
+            "lacks field",
+        ),
+        (
+            'name = "x"\nuser_template = "{a}"\n[source]\ntype="arith"\nmin_value=50\nmax_value=10\n[reward]\nname="numeric"\n',
+            "min_value",
+        ),
+    ],
+)
+def test_malformed_scenario_files(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "s.toml", text)
+    with pytest.raises(ScenarioFileError, match=message):
+        load_task(str(path))
+
+
+def test_unknown_scenario_lists_choices() -> None:
+    with pytest.raises(ScenarioFileError, match=r"unknown scenario 'nope'.*arith"):
+        load_task("nope")

@@ -1,0 +1,123 @@
+"""The OpenAI-compatible endpoint, exercised over real HTTP on loopback."""
+
+import asyncio
+import time
+from urllib.parse import urlparse
+
+import httpx
+import openai
+import pytest
+
+MESSAGES = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+
+
+async def create(model, **kwargs):
+    return await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=kwargs.pop("messages", MESSAGES), **kwargs
+    )
+
+
+async def test_listens_on_loopback_only_and_lists_models(model) -> None:
+    url = urlparse(model.inference_base_url)
+    assert url.hostname == "127.0.0.1"
+    listing = await model.openai_client().models.list()
+    assert model.get_inference_name() in [m.id for m in listing.data]
+
+
+async def test_n_choices_with_token_metadata_and_usage(model) -> None:
+    response = await create(model, n=3, max_tokens=12, logprobs=True, temperature=1.0)
+    assert len(response.choices) == 3
+    total = 0
+    for choice in response.choices:
+        extra = choice.model_extra
+        assert extra["prompt_token_ids"] and extra["token_ids"]
+        assert len(choice.logprobs.content) == len(extra["token_ids"])
+        assert all(
+            t.token.startswith("token_id:") and t.logprob <= 0 for t in choice.logprobs.content
+        )
+        total += len(extra["token_ids"])
+    assert response.usage.completion_tokens == total
+    assert response.usage.prompt_tokens == len(response.choices[0].model_extra["prompt_token_ids"])
+
+
+async def test_max_tokens_gives_length_finish(model) -> None:
+    response = await create(model, max_tokens=5, temperature=0)
+    choice = response.choices[0]
+    assert choice.finish_reason == "length" and len(choice.model_extra["token_ids"]) == 5
+
+
+async def test_stop_sequence_cuts_text(model) -> None:
+    response = await create(model, max_tokens=60, temperature=0, stop=["5"])
+    choice = response.choices[0]
+    assert "5" not in choice.message.content
+    assert choice.finish_reason == "stop"
+    assert "4" in choice.message.content
+
+
+async def test_seed_makes_sampling_reproducible(model) -> None:
+    a = await create(model, max_tokens=16, temperature=1.0, seed=123)
+    b = await create(model, max_tokens=16, temperature=1.0, seed=123)
+    c = await create(model, max_tokens=16, temperature=1.0, seed=124)
+    assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+    assert a.choices[0].model_extra["token_ids"] != c.choices[0].model_extra["token_ids"]
+
+
+async def test_greedy_is_deterministic_and_top_p_small_is_greedy(model) -> None:
+    a = await create(model, max_tokens=12, temperature=0)
+    b = await create(model, max_tokens=12, temperature=1.0, top_p=1e-6)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+async def test_32_concurrent_requests_are_batched(model, backend) -> None:
+    engine = next(iter(backend._bases.values())).engine
+    before = engine.stats.max_batch_rows
+    started = time.perf_counter()
+    results = await asyncio.gather(
+        *[create(model, max_tokens=16, temperature=1.0, seed=i) for i in range(32)]
+    )
+    assert len(results) == 32 and all(r.choices[0].model_extra["token_ids"] for r in results)
+    assert max(before, engine.stats.max_batch_rows) >= 16
+    assert time.perf_counter() - started < 120
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"messages": MESSAGES, "stream": True}, 400, "streaming is not supported"),
+        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tool calling"),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": MESSAGES, "n": 0}, 400, "n"),
+        ({"messages": MESSAGES, "temperature": -1}, 400, "temperature"),
+        ({"messages": MESSAGES, "max_tokens": 100_000}, 400, "context length"),
+        ({"messages": MESSAGES, "model": "nope@0"}, 404, "not served here"),
+        ({"messages": MESSAGES, "model": "MODEL@999"}, 404, "has no checkpoint"),
+    ],
+)
+async def test_bad_requests_get_clear_4xx(model, body, status, message) -> None:
+    payload = {"model": model.get_inference_name(), **body}
+    if payload["model"] == "MODEL@999":
+        payload["model"] = f"{model.name}@999"
+    async with httpx.AsyncClient(
+        base_url=model.inference_base_url,
+        headers={"Authorization": f"Bearer {model.inference_api_key}"},
+    ) as client:
+        response = await client.post("/chat/completions", json=payload, timeout=60)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]["message"]
+
+
+async def test_auth_and_body_size_limit(model) -> None:
+    async with httpx.AsyncClient(base_url=model.inference_base_url) as client:
+        assert (await client.get("/models")).status_code == 401
+        headers = {"Authorization": f"Bearer {model.inference_api_key}"}
+        huge = {
+            "model": model.get_inference_name(),
+            "messages": [{"role": "user", "content": "x" * 5_000_000}],
+        }
+        response = await client.post("/chat/completions", json=huge, headers=headers, timeout=60)
+        assert response.status_code == 413
+
+
+async def test_openai_client_surfaces_errors(model) -> None:
+    with pytest.raises(openai.NotFoundError):
+        await model.openai_client().chat.completions.create(model="nope", messages=MESSAGES)
