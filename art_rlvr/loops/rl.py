@@ -117,6 +117,7 @@ async def run_eval(ctx: RunContext, step: int, split: str = "val") -> EvalReport
         }
     )
     ctx.files.write_trajectories(f"{split}_{step:04d}", report.groups)
+    await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
     return report
 
 
@@ -184,6 +185,7 @@ async def run_rl(ctx: RunContext) -> dict[str, float | int | str | None]:
             }
         )
         ctx.files.write_trajectories(f"train_{step:04d}", groups)
+        await ctx.model.log(groups, metrics=result.metrics, step=step, split="train")
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
             "loss %.4f %.1fs",
