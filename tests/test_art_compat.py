@@ -11,7 +11,9 @@ def reward(text: str) -> float:
     return {"maybe": 1.0, "no": 0.5, "yes": 0.25}.get(word, 0.0)
 
 
-async def rollout_fn(model: art.TrainableModel, scenario: dict, _config: None) -> art.TrajectoryGroup:
+async def rollout_fn(
+    model: art.TrainableModel, scenario: dict, _config: None
+) -> art.TrajectoryGroup:
     """One request with n completions, as in ART's own PipelineTrainer example."""
     messages = [{"role": "user", "content": scenario["prompt"]}]
     response = await model.openai_client().chat.completions.create(
@@ -19,7 +21,9 @@ async def rollout_fn(model: art.TrainableModel, scenario: dict, _config: None) -
     )
     return art.TrajectoryGroup(
         [
-            art.Trajectory(messages_and_choices=[*messages, c], reward=reward(c.message.content or ""))
+            art.Trajectory(
+                messages_and_choices=[*messages, c], reward=reward(c.message.content or "")
+            )
             for c in response.choices
         ]
     )
@@ -31,7 +35,11 @@ async def eval_fn(model: art.TrainableModel, step: int, _config: None) -> list[a
         messages=messages, model=model.get_inference_name(step), max_tokens=4, temperature=0
     )
     choice = response.choices[0]
-    return [art.Trajectory(messages_and_choices=[*messages, choice], reward=reward(choice.message.content or ""))]
+    return [
+        art.Trajectory(
+            messages_and_choices=[*messages, choice], reward=reward(choice.message.content or "")
+        )
+    ]
 
 
 async def test_pipeline_trainer_runs_on_torch_backend(backend, make_model) -> None:

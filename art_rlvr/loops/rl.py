@@ -14,14 +14,17 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import art
 
-from art_rlvr.config import RunConfig
 from art_rlvr.loops.evaluate import EvalReport, evaluate
 from art_rlvr.loops.files import RunFiles
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
 from art_rlvr.scenario import Scenario, Task
+
+if TYPE_CHECKING:
+    from art_rlvr.config import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,12 @@
 """Reward functions `R(x, y) -> Score`, one module per family, looked up by name."""
 
 from art_rlvr.rewards.base import RewardConfigError, RewardFn, Score, build_reward
+from art_rlvr.rewards.code import code
+from art_rlvr.rewards.math import math
 from art_rlvr.rewards.numeric import numeric
+from art_rlvr.rewards.qa import qa
 
-REWARDS = {"numeric": numeric}
+REWARDS = {"numeric": numeric, "math": math, "code": code, "qa": qa}
 
 
 def make_reward(name: str, params: dict | None = None) -> RewardFn:
