@@ -4,16 +4,19 @@ Names are resolved lazily: `import art` costs ~20 s (it imports torch), and the 
 reject a bad config key before paying that.
 """
 
-import importlib
 import os
-from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
+
+from art_rlvr._lazy import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_BASE_MODEL": "art_rlvr.backend.model_source",
     "TorchBackend": "art_rlvr.backend.torch_backend",
     "LoraSettings": "art_rlvr.backend.torch_backend",
+    "BackendUnavailable": "art_rlvr.backend.selection",
+    "build_backend": "art_rlvr.backend.selection",
+    "check_requirements": "art_rlvr.backend.selection",
     "RunConfig": "art_rlvr.config",
     "parse_args": "art_rlvr.config",
     "EvalReport": "art_rlvr.loops.evaluate",
@@ -30,14 +33,4 @@ _EXPORTS = {
     "load_task": "art_rlvr.scenario",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'art_rlvr' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports("art_rlvr", _EXPORTS)

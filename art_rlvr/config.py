@@ -15,6 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
+from art_rlvr.backend.selection import BackendName
+from art_rlvr.ei.config import EIConfig
+from art_rlvr.gepa.config import GEPAConfig
 
 SECRET_MARKERS = ("key", "token", "secret", "password")
 
@@ -29,13 +32,13 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     scenario: str = "arith"
-    mode: Literal["eval", "rl"] = "rl"
+    mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"] = "rl"
     seed: int = 0
     run_name: str | None = None
     run_dir: Path | None = None
     resume: bool = True
     base_model: str = DEFAULT_BASE_MODEL
-    backend: Literal["torch"] = "torch"
+    backend: BackendName = "torch"  # torch | local | serverless | tinker
     project: str = "art-rlvr"
     system_prompt: str | None = None
     source_overrides: dict[str, Any] = Field(default_factory=dict)
@@ -62,6 +65,17 @@ class RunConfig(BaseModel):
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    # GEPA + RL block coordinate ascent (mode=gepa_rl; gepa_rl_ei adds expert-iteration rounds)
+    n_rounds: int = Field(default=3, ge=1)
+    rl_batches_per_round: int = Field(default=8, ge=0)
+    skip_first_gepa: bool = False
+    enable_expert_iteration: bool = False
+
+    # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
+    gepa: GEPAConfig = Field(default_factory=GEPAConfig)
+    # expert iteration (mode=ei): its own keys, e.g. expert_samples_per_x=8 distill=sft
+    ei: EIConfig = Field(default_factory=EIConfig)
+
     @field_validator("learning_rate")
     @classmethod
     def _finite(cls, value: float) -> float:
@@ -77,6 +91,10 @@ class RunConfig(BaseModel):
         return value
 
     @property
+    def with_expert_iteration(self) -> bool:
+        return self.mode in ("ei", "gepa_rl_ei") or self.enable_expert_iteration
+
+    @property
     def name(self) -> str:
         return self.run_name or f"{Path(self.scenario).stem}-{self.mode}-s{self.seed}"
 
@@ -86,7 +104,12 @@ class RunConfig(BaseModel):
 
     def public_dump(self) -> dict[str, Any]:
         """The config as JSON-able data with anything secret-looking masked."""
-        data = json.loads(self.model_dump_json())
+        unused = {
+            name
+            for name, modes in SUBCONFIG_MODES.items()
+            if self.mode not in modes and not (name == "ei" and self.with_expert_iteration)
+        }
+        data = json.loads(self.model_dump_json(exclude=unused))
         return {
             k: ("***" if any(m in k.lower() for m in SECRET_MARKERS) and v else v)
             for k, v in data.items()
@@ -100,38 +123,89 @@ def _coerce_source_value(raw: str) -> Any:
         return [part.strip() for part in raw.split(",")] if "," in raw else raw
 
 
+# Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
+# `gepa`); a key that several sub-configs know goes to each of them. Run keys that a sub-config
+# also has (seed, max_tokens, ...) are handed down, so one `seed=` seeds everything.
+SUBCONFIGS: dict[str, type[BaseModel]] = {"gepa": GEPAConfig, "ei": EIConfig}
+SUBCONFIG_MODES: dict[str, tuple[str, ...]] = {
+    "gepa": ("gepa", "gepa_rl", "gepa_rl_ei"),
+    "ei": ("ei", "gepa_rl_ei"),
+}
+_INTERNAL = {"source_overrides", *SUBCONFIGS}
+
+
+def _subconfig_keys() -> dict[str, list[str]]:
+    """Command-line key -> the sub-configs that own it (keys of RunConfig excluded)."""
+    owners: dict[str, list[str]] = {}
+    for name, model in SUBCONFIGS.items():
+        for key in model.model_fields:
+            if key not in RunConfig.model_fields:
+                owners.setdefault(key, []).append(name)
+    return owners
+
+
+def _first_error(error: ValidationError, values: dict[str, Any], prefix: str = "") -> ConfigError:
+    first = error.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "config"
+    allowed = first.get("ctx", {}).get("expected")
+    extra = f" (expected {allowed})" if allowed else ""
+    given = values.get(str(first["loc"][0])) if first["loc"] else None
+    return ConfigError(f"bad value for {prefix}{key!r}: {given!r}: {first['msg']}{extra}")
+
+
 def parse_args(argv: list[str]) -> RunConfig:
     """`key=value` words -> RunConfig, or a ConfigError with one clear line."""
-    fields = RunConfig.model_fields
+    fields = {k: v for k, v in RunConfig.model_fields.items() if k not in _INTERNAL}
+    owners = _subconfig_keys()
     values: dict[str, Any] = {}
+    sub: dict[str, dict[str, Any]] = {name: {} for name in SUBCONFIGS}
     source: dict[str, Any] = {}
+    seen: set[str] = set()
     for word in argv:
         key, sep, raw = word.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_")
+        key = key.strip()
         if not sep or not key:
             raise ConfigError(f"expected key=value, got {word!r}")
+        if key in seen:
+            raise ConfigError(f"key {key!r} given twice")
+        seen.add(key)
         if key.startswith("source."):
             source[key.removeprefix("source.")] = _coerce_source_value(raw)
             continue
-        if key not in fields or key == "source_overrides":
-            close = difflib.get_close_matches(key, list(fields), n=1)
+        if key in owners:
+            for name in owners[key]:
+                sub[name][key] = None if raw.lower() in ("none", "null") else raw
+            continue
+        if key not in fields:
+            close = difflib.get_close_matches(key, [*fields, *owners], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            valid = ", ".join(k for k in fields if k != "source_overrides")
-            raise ConfigError(f"unknown key {key!r}{hint}; valid keys: {valid}, source.<field>")
-        if key in values:
-            raise ConfigError(f"key {key!r} given twice")
+            extra = "".join(
+                f"; for mode={'|'.join(SUBCONFIG_MODES[name])} also: "
+                + ", ".join(k for k, names in owners.items() if name in names)
+                for name in SUBCONFIGS
+            )
+            raise ConfigError(
+                f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>{extra}"
+            )
         values[key] = None if raw.lower() in ("none", "null") and key in _NULLABLE else raw
     if source:
         values["source_overrides"] = source
     try:
-        return RunConfig.model_validate(values)
+        config = RunConfig.model_validate(values)
     except ValidationError as error:
-        first = error.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "config"
-        allowed = first.get("ctx", {}).get("expected")
-        extra = f" (expected {allowed})" if allowed else ""
-        given = values.get(str(first["loc"][0])) if first["loc"] else None
-        raise ConfigError(f"bad value for {key!r}: {given!r}: {first['msg']}{extra}") from None
+        raise _first_error(error, values) from None
+    built: dict[str, BaseModel] = {}
+    for name, model in SUBCONFIGS.items():
+        shared = {
+            k: getattr(config, k)
+            for k in model.model_fields
+            if k in RunConfig.model_fields and k not in _INTERNAL
+        }
+        try:
+            built[name] = model.model_validate({**sub[name], **shared})
+        except ValidationError as error:
+            raise _first_error(error, sub[name]) from None
+    return config.model_copy(update=built)
 
 
 _NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 import art
 import weave
@@ -43,8 +44,12 @@ async def rollout(
     system_prompt: str | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     step: int | None = None,
+    messages: list[dict[str, str]] | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> art.Trajectory:
-    messages = scenario.messages(system_prompt)
+    """One scored sample of `scenario` under `system_prompt` (or under explicit `messages`,
+    e.g. expert iteration's hinted prompt; the scenario's reward still scores it)."""
+    messages = messages if messages is not None else scenario.messages(system_prompt)
     s = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     extra = {"seed": sampling.seed} if sampling.seed is not None else {}
     response = await model.openai_client().chat.completions.create(
@@ -76,6 +81,7 @@ async def rollout(
             "split": scenario.split,
             "task": scenario.task.name,
             "prompt_hash": prompt_hash(s),
+            **(metadata or {}),
         },
         logs=[score.feedback],
     )

@@ -14,6 +14,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
+from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import ConfigError, RunConfig, parse_args
 from art_rlvr.loops.files import RunFiles, StateFileError
 from art_rlvr.scenario import Task, load_task
@@ -21,7 +22,14 @@ from art_rlvr.sources import ScenarioFileError
 
 log = logging.getLogger("art_rlvr")
 
-MODE_TITLES = {"eval": "evaluation only", "rl": "RL-only (fixed prompt)"}
+MODE_TITLES = {
+    "eval": "evaluation only",
+    "rl": "RL-only (fixed prompt)",
+    "gepa": "GEPA prompt evolution (weights fixed)",
+    "gepa_rl": "GEPA + RL block coordinate ascent",
+    "gepa_rl_ei": "GEPA + RL + expert iteration",
+    "ei": "expert iteration (best-of-N self-distillation, optional teacher hints)",
+}
 
 
 def seed_everything(seed: int) -> None:
@@ -47,6 +55,7 @@ def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
 def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports."""
     task = load_task(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
     files = RunFiles(cfg.directory)
     files.read_json("state.json")  # a corrupt state file stops the run before anything starts
     if not cfg.resume and (files.root / "state.json").exists():
@@ -57,7 +66,6 @@ def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
 async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]:
     import art
 
-    from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
     from art_rlvr.loops.rl import RunContext, peak_rss_mb, run_eval, run_rl
 
     setup_logging(cfg, files)
@@ -65,17 +73,20 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
     files.write_json("config.json", {**cfg.public_dump(), "versions": _versions()})
     log.info(
         "mode: %s | scenario %s | seed %d | run_dir %s",
-        MODE_TITLES[cfg.mode],
+        MODE_TITLES[cfg.mode]
+        + (" + expert iteration" if cfg.enable_expert_iteration and cfg.mode != "ei" else ""),
         task.name,
         cfg.seed,
         files.root,
     )
     log.info("config: %s", cfg.model_dump_json())
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
-    backend = TorchBackend(
+    backend = build_backend(
+        cfg.backend,
         path=files.art_path,
         seed=cfg.seed,
-        lora=LoraSettings(rank=cfg.lora_rank, alpha=2 * cfg.lora_rank),
+        lora_rank=cfg.lora_rank,
+        base_model=cfg.base_model,
     )
     model = art.TrainableModel(
         name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
@@ -93,6 +104,20 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
                 "val_accuracy_after": report.accuracy,
                 "steps": step,
             }
+        elif cfg.mode in ("gepa_rl", "gepa_rl_ei") or (
+            cfg.mode == "rl" and cfg.enable_expert_iteration
+        ):
+            from art_rlvr.loops.schedule import run_schedule
+
+            result = await run_schedule(ctx)
+        elif cfg.mode == "gepa":
+            from art_rlvr.loops.gepa import run_gepa
+
+            result = await run_gepa(ctx, cfg.gepa)
+        elif cfg.mode == "ei":
+            from art_rlvr.loops.ei import run_ei
+
+            result = await run_ei(ctx, cfg.ei)
         else:
             result = await run_rl(ctx)
     finally:
@@ -146,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
         task, files = prepare(cfg)
         summary = asyncio.run(execute(cfg, task, files))
-    except (ConfigError, ScenarioFileError, StateFileError) as error:
+    except (ConfigError, ScenarioFileError, StateFileError, BackendUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

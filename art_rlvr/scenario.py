@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from art_rlvr.rewards import Score, make_reward
-from art_rlvr.rewards.base import RewardConfigError, RewardFn
+from art_rlvr.rewards.base import RewardConfigError, RewardFn, first_error
 from art_rlvr.sources import SOURCES, SPLITS, ScenarioFileError
 
 
@@ -126,34 +126,67 @@ def _locate(name_or_path: str) -> Path:
     return builtin
 
 
+def toml_line(text: str, table: str | None, key: str | None) -> int | None:
+    """1-based line where `key` is set in `[table]` (or the table's header): for error messages."""
+    current, header = None, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            current = stripped.strip("[]").strip()
+            header = number if current == table else header
+            continue
+        name = stripped.partition("=")[0].strip()
+        if key is not None and current == table and name == key:
+            return number
+        if current is None and table is not None and name == table:
+            return number  # an inline table: `reward = { name = ... }`
+    return header
+
+
+def _where(path: Path, text: str, loc: tuple[str | int, ...]) -> str:
+    """`file:line` for a location in the spec (`file` when the line is unknown)."""
+    parts = [str(part) for part in loc]
+    table, key = (parts[0], parts[1]) if len(parts) > 1 else (None, parts[0] if parts else None)
+    line = toml_line(text, table, key)
+    if line is None and table is not None:
+        line = toml_line(text, None, table)
+    return f"{path}:{line}" if line is not None else str(path)
+
+
 def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | None = None) -> Task:
     """Load a scenario by built-in name or path; `overrides` patch its `[source]` table."""
     path = _locate(name_or_path)
+    text = path.read_text(encoding="utf-8")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ScenarioFileError(f"{path}: not valid TOML ({error})") from None
     try:
         spec = ScenarioSpec.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ScenarioFileError(f"{path}: field {where!r}: {first['msg']}") from None
+        loc = error.errors()[0]["loc"]
+        where = ".".join(str(p) for p in loc)
+        raise ScenarioFileError(
+            f"{_where(path, text, loc)}: field {where!r}: {error.errors()[0]['msg']}"
+        ) from None
     source_raw = {**spec.source, **(overrides or {})}
     kind = source_raw.get("type")
     if kind not in SOURCES:
-        raise ScenarioFileError(f"{path}: source.type {kind!r} unknown; known: {sorted(SOURCES)}")
+        raise ScenarioFileError(
+            f"{_where(path, text, ('source', 'type'))}: source.type {kind!r} unknown; "
+            f"known: {sorted(SOURCES)}"
+        )
     schema, loader = SOURCES[kind]
     try:
         source = schema.model_validate(source_raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ScenarioFileError(f"{path}: source.{where}: {first['msg']}") from None
+        loc = ("source", *error.errors()[0]["loc"])
+        raise ScenarioFileError(f"{_where(path, text, loc)}: source.{first_error(error)}") from None
     try:
         reward = make_reward(spec.reward.name, spec.reward.params)
     except RewardConfigError as error:
-        raise ScenarioFileError(f"{path}: {error}") from None
+        key = "name" if str(error).startswith("unknown reward") else "params"
+        raise ScenarioFileError(f"{_where(path, text, ('reward', key))}: {error}") from None
     records = loader(source, path.parent, seed)
     needed = _template_fields(spec.user_template)
     splits: dict[str, list[Scenario]] = {}

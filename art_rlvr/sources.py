@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import logging
 import random
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Records = dict[str, list[dict[str, Any]]]
 SPLITS = ("train", "val", "test")
+
+log = logging.getLogger(__name__)
 
 
 class ScenarioFileError(ValueError):
@@ -197,15 +200,23 @@ class DatasetSource(BaseModel):
     def _check_paths(self) -> DatasetSource:
         if self.path is not None and self.paths is not None:
             raise ValueError("give `path` or `paths`, not both")
-        if self.needs_path and self.path is None and self.paths is None:
+        hub = getattr(self, "hub", None)
+        if self.needs_path and self.path is None and self.paths is None and hub is None:
             raise ValueError("give `path` (one JSONL file) or `paths` (one per split)")
         return self
 
 
 class Gsm8kSource(DatasetSource):
-    """GSM8K format: `question`, and `answer` = reasoning ending in `#### <number>`."""
+    """GSM8K format: `question`, and `answer` = reasoning ending in `#### <number>`.
+
+    `hub = "openai/gsm8k"` reads the real dataset's parquet files from the Hugging Face hub (or
+    its local cache; `HF_HUB_OFFLINE=1` never touches the network); when the hub cannot be
+    reached and `path`/`paths` is given, those local files are used instead, with a warning."""
 
     type: Literal["gsm8k"] = "gsm8k"
+    hub: str | None = None
+    hub_config: str = "main"
+    hub_revision: str | None = None
 
 
 class MathSource(DatasetSource):
@@ -222,9 +233,12 @@ class HumanEvalSource(DatasetSource):
 
 
 def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(1-based line, object) for each non-blank line of a JSONL or JSONL.gz file."""
+    """(1-based line, object) for each non-blank line of a JSONL or JSONL.gz file (for a
+    .parquet file: 1-based row, row)."""
     if not path.is_file():
         raise ScenarioFileError(f"{path}: data file not found")
+    if path.suffix == ".parquet":
+        return list(enumerate(parquet_rows(path), start=1))
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     try:
@@ -248,12 +262,23 @@ def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
+def parquet_rows(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.lib
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except (OSError, pyarrow.lib.ArrowException) as error:
+        raise ScenarioFileError(f"{path}: cannot read parquet ({error})") from None
+
+
 def converted_records(path: Path, convert: RowConverter) -> list[dict[str, Any]]:
     """Rows through `convert(row, default_id)`; its ValueError becomes a file:line error."""
     records = []
     for number, row in numbered_jsonl(path):
         try:
-            records.append(convert(row, f"{path.stem.removesuffix('.jsonl')}-{number}"))
+            stem = path.stem.removesuffix(".jsonl")
+            records.append(convert(row, f"{stem}-{number}"))
         except (ValueError, TypeError, KeyError) as error:
             message = error.args[0] if error.args else str(error)
             raise ScenarioFileError(f"{path}:{number}: {message}") from None
@@ -366,10 +391,49 @@ def dataset_records(
     return deal(records, source.splits or SplitSizes(train=len(records), val=0, test=0), tag, seed)
 
 
-SOURCES["gsm8k"] = (
-    Gsm8kSource,
-    lambda s, base, seed: dataset_records(s, base, seed, gsm8k_row, None),
-)
+def hub_parquet_files(repo_id: str, config: str, revision: str | None) -> dict[str, Path]:
+    """split -> the parquet file of a hub dataset (downloaded once into the HF cache)."""
+    from huggingface_hub import snapshot_download
+
+    root = Path(
+        snapshot_download(
+            repo_id, repo_type="dataset", revision=revision, allow_patterns=[f"{config}/*.parquet"]
+        )
+    )
+    found = {
+        split: sorted((root / config).glob(f"{split}-*.parquet")) for split in ("train", "test")
+    }
+    missing = [split for split, files in found.items() if len(files) != 1]
+    if missing:
+        raise ScenarioFileError(
+            f"{repo_id}: expected one {config}/<split>-*.parquet for {missing} in {root}"
+        )
+    return {split: files[0] for split, files in found.items()}
+
+
+def gsm8k_records(source: Gsm8kSource, base_dir: Path, seed: int) -> Records:
+    """The hub's train/test files (val carved from train), else the local file(s)."""
+    if source.hub is not None:
+        try:
+            files = hub_parquet_files(source.hub, source.hub_config, source.hub_revision)
+        except Exception as error:  # offline, unreachable, gated, not found: all say the same
+            if source.path is None and source.paths is None:
+                raise ScenarioFileError(
+                    f"gsm8k: cannot load {source.hub!r} from the Hugging Face hub "
+                    f"({type(error).__name__}: {error}); give source.path to a local JSONL"
+                ) from None
+            log.warning("gsm8k: hub %s unavailable (%s); using local files", source.hub, error)
+        else:
+            sizes = source.splits or SplitSizes(train=10**9, val=0, test=10**9)
+            local = source.model_copy(
+                update={"path": None, "paths": {k: str(v) for k, v in files.items()}}
+            )
+            out = dataset_records(local, base_dir, seed, gsm8k_row, None)
+            return {split: rows[: getattr(sizes, split)] for split, rows in out.items()}
+    return dataset_records(source, base_dir, seed, gsm8k_row, None)
+
+
+SOURCES["gsm8k"] = (Gsm8kSource, gsm8k_records)
 SOURCES["math"] = (MathSource, lambda s, base, seed: dataset_records(s, base, seed, math_row, None))
 SOURCES["humaneval"] = (
     HumanEvalSource,

@@ -22,6 +22,15 @@ def test_defaults_and_coercion() -> None:
     assert cfg.name == "arith-rl-s0"
 
 
+def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
+    cfg = parse_args(
+        ["mode=gepa", "seed=7", "max_tokens=12", "max_metric_calls=90", "use_merge=true"]
+    )
+    assert cfg.gepa.max_metric_calls == 90 and cfg.gepa.use_merge is True
+    assert (cfg.gepa.seed, cfg.gepa.max_tokens) == (7, 12)
+    assert "gepa" in cfg.public_dump() and "gepa" not in parse_args([]).public_dump()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -34,6 +43,9 @@ def test_defaults_and_coercion() -> None:
         (["seed=1", "seed=2"], "given twice"),
         (["run_name=../x"], "plain folder name"),
         (["learning_rate=nan"], "bad value for 'learning_rate'"),
+        (["mode=gepa", "max_metric_calls=0"], "bad value for 'max_metric_calls'"),
+        (["max_metric_cals=5"], "did you mean 'max_metric_calls'"),
+        (["reflection_api_base=http://127.0.0.1:1/v1"], "needs reflection_model"),
     ],
 )
 def test_bad_config_is_one_clear_line(argv: list[str], message: str) -> None:

@@ -136,6 +136,36 @@ def test_malformed_scenario_files(tmp_path: Path, text: str, message: str) -> No
         load_task(str(path))
 
 
+HEAD = 'name = "x"\nuser_template = "{a}"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (HEAD + "surprise = 1\n[source]\ntype='arith'\n[reward]\nname='numeric'\n", ":3: "),
+        (HEAD + "[source]\ntype='nope'\n[reward]\nname='numeric'\n", ":4: source.type"),
+        (
+            HEAD + "[source]\ntype='arith'\nmax_valu=3\n[reward]\nname='numeric'\n",
+            ":5: source.max_valu",
+        ),
+        (
+            HEAD + "[source]\ntype='arith'\n\n[reward]\nname='numerc'\n",
+            ":7: unknown reward 'numerc'",
+        ),
+        (
+            HEAD + "[source]\ntype='arith'\n[reward]\nname='qa'\nparams={bogus=1}\n",
+            ":7: bad parameters",
+        ),
+        (HEAD + "source = {type='nope'}\nreward = {name='numeric'}\n", ":3: source.type"),
+    ],
+)
+def test_scenario_errors_name_the_toml_line(tmp_path: Path, text: str, where: str) -> None:
+    path = write(tmp_path / "s.toml", text)
+    with pytest.raises(ScenarioFileError) as error:
+        load_task(str(path))
+    assert str(error.value).startswith(f"{path}{where}"), str(error.value)
+
+
 def test_unknown_scenario_lists_choices() -> None:
     with pytest.raises(ScenarioFileError, match=r"unknown scenario 'nope'.*arith"):
         load_task("nope")

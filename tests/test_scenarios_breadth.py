@@ -85,6 +85,58 @@ def test_gsm8k_commas_paths_and_val_carved_from_train(tmp_path: Path) -> None:
     assert task.splits["test"][0].id == "test-1"  # no id in the file: stem and line
 
 
+GSM8K_HUB_TOML = (
+    'name = "g"\nuser_template = "{question}"\n[source]\ntype = "gsm8k"\nhub = "openai/gsm8k"\n'
+    '{extra}[reward]\nname = "numeric"\n'
+)
+LOAD = (
+    "import sys; from art_rlvr.scenario import load_task; t = load_task(sys.argv[1], seed=0); "
+    "print([len(t.splits[s]) for s in ('train', 'val', 'test')], "
+    "sorted(s.x['answer'] for s in t.splits['test']))"
+)
+
+
+def hub_cache(root: Path) -> None:
+    """A Hugging Face cache holding openai/gsm8k's parquet files, as snapshot_download leaves it."""
+    import pyarrow
+    import pyarrow.parquet
+
+    repo = root / "datasets--openai--gsm8k"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    folder = repo / "snapshots" / commit / "main"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 12), ("test", 4)):
+        table = pyarrow.Table.from_pylist(
+            [{"question": f"{split} {i}?", "answer": f"work\n#### {i}"} for i in range(n)]
+        )
+        pyarrow.parquet.write_table(table, folder / f"{split}-00000-of-00001.parquet")
+
+
+@pytest.mark.parametrize(
+    ("cached", "extra", "expected"),
+    [
+        (True, "splits = { val = 2 }\n", "[10, 2, 4] ['0', '1', '2', '3']"),
+        (False, 'path = "local.jsonl"\n', "[1, 0, 0] []"),  # hub unreachable: local fallback
+        (False, "", "cannot load 'openai/gsm8k' from the Hugging Face hub"),
+    ],
+)
+def test_gsm8k_from_the_hub_cache_or_local_fallback(
+    tmp_path: Path, cached: bool, extra: str, expected: str
+) -> None:
+    """The real hub code path, offline (HF_HUB_OFFLINE=1: no connection is ever made)."""
+    if cached:
+        hub_cache(tmp_path / "hf")
+    rows(tmp_path / "local.jsonl", [{"question": "q?", "answer": "#### 7"}])
+    toml = write(tmp_path / "g.toml", GSM8K_HUB_TOML.replace("{extra}", extra))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf")}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, str(toml)], env=env, capture_output=True, text=True
+    )
+    assert expected in done.stdout + done.stderr
+
+
 def test_math_loader_takes_answer_from_last_boxed(tmp_path: Path) -> None:
     rows(
         tmp_path / "m.jsonl",

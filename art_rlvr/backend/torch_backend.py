@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -331,6 +331,23 @@ class TorchBackend:
             yield await asyncio.to_thread(self._sft_step, trainee, batch, float(rate))
         await asyncio.to_thread(self._advance, trainee)
 
+    async def score_completions(
+        self,
+        model: art.Model,
+        prompts: Sequence[list[dict[str, Any]]],
+        completions: Sequence[str],
+    ) -> list[float]:
+        """Summed log p(completion | prompt) under the model's current weights, per pair.
+
+        Not part of ART's protocol: expert iteration uses it for hint reliance (how much more
+        likely a completion is under a hinted prompt than under the clean one). Completions
+        are re-tokenised and end with the end-of-turn token, as a sampled reply does.
+        """
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        trainee = self._trainee(model)
+        return await asyncio.to_thread(self._score, trainee, list(prompts), list(completions))
+
     # ------------------------------------------------------------------ internals
     def _warn_unknown(self, unknown: dict[str, Any]) -> None:
         ignored = sorted(k for k in unknown if k in _KNOWN_IGNORED)
@@ -585,6 +602,31 @@ class TorchBackend:
             "clip_fraction": clip_sum / tokens,
             "seconds": time.perf_counter() - started,
         }
+        return out
+
+    def _score(
+        self, trainee: _Trainee, prompts: list[list[dict[str, Any]]], completions: list[str]
+    ) -> list[float]:
+        base = trainee.base
+        tok = base.tokenizer
+        pad = tok.pad_token_id or 0
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        prompt_ids = [
+            T.render_prompt(
+                tok, [{"role": m["role"], "content": _text_content(m.get("content"))} for m in p]
+            )
+            for p in prompts
+        ]
+        completion_ids = [tok(c, add_special_tokens=False)["input_ids"] + eos for c in completions]
+        out: list[float] = []
+        with self._exclusive(base), torch.no_grad():
+            base.model.set_adapter(trainee.adapter)
+            for start in range(0, len(prompts), self.microbatch_size):
+                end = start + self.microbatch_size
+                logps, mask = T.completion_logprobs(
+                    base.model, prompt_ids[start:end], completion_ids[start:end], pad
+                )
+                out.extend(float(v) for v in (logps * mask).sum(-1))
         return out
 
     def _sft_step(self, trainee: _Trainee, batch: list[T.SFTSample], lr: float) -> dict[str, float]:

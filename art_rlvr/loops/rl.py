@@ -12,9 +12,9 @@ import random
 import resource
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import art
 
@@ -95,13 +95,23 @@ def val_scenarios(ctx: RunContext) -> list[Scenario]:
     return val[: ctx.config.val_limit] if ctx.config.val_limit else val
 
 
-async def run_eval(ctx: RunContext, step: int, split: str = "val") -> EvalReport:
+async def run_eval(
+    ctx: RunContext,
+    step: int,
+    split: str = "val",
+    *,
+    system_prompt: str | None = None,
+    tag: str = "",
+) -> EvalReport:
+    """Greedy evaluation at `step` under `system_prompt` (default: the run's); logged to
+    metrics.jsonl, trajectories/<split>_<step><tag>.jsonl and ART's history."""
     cfg = ctx.config
     scenarios = val_scenarios(ctx) if split == "val" else ctx.task.splits[split]
+    prompt = system_prompt if system_prompt is not None else cfg.system_prompt
     report = await evaluate(
         ctx.model,
         scenarios,
-        system_prompt=cfg.system_prompt,
+        system_prompt=prompt,
         sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
         split=split,
     )
@@ -116,10 +126,11 @@ async def run_eval(ctx: RunContext, step: int, split: str = "val") -> EvalReport
             "format": report.format_rate,
             "tokens_per_completion": report.mean_completion_tokens,
             "errors": report.errors,
+            "tag": tag,
             "wall_seconds": time.monotonic() - ctx.started,
         }
     )
-    ctx.files.write_trajectories(f"{split}_{step:04d}", report.groups)
+    ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
     await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
     return report
 
@@ -128,34 +139,40 @@ def eval_due(step: int, cfg: RunConfig) -> bool:
     return step == 0 or step == cfg.n_batches or step % cfg.eval_every == 0
 
 
-async def run_rl(ctx: RunContext) -> dict[str, float | int | str | None]:
+async def train_until(
+    ctx: RunContext,
+    state: dict[str, Any],
+    *,
+    until: int,
+    system_prompt: str | None,
+    eval_at: Callable[[int], bool],
+) -> dict[str, Any]:
+    """RL steps from the model's current step up to `until` under a fixed `system_prompt`,
+    with a val evaluation at each step where `eval_at(step)` (once: recorded in `state`).
+
+    The batch at step b is a pure function of (seed, b) and the checkpoint step is the number
+    of finished batches, so a killed run resumes here without losing or repeating a step.
+    `state` (evals, rollouts, tokens trained, step seconds) is written after every step."""
     cfg = ctx.config
-    state = ctx.files.read_json("state.json") or {"evals": {}}
     step = await ctx.model.get_step()
-    if step > cfg.n_batches:
-        raise RuntimeError(f"{ctx.files.root} is at step {step}, past n_batches={cfg.n_batches}")
-    if step:
-        log.info("resuming at step %d of %d", step, cfg.n_batches)
     sampling = SamplingConfig(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
     )
-    step_seconds: list[float] = []
-    tokens_trained = int(state.get("tokens_trained", 0))
-    rollouts = int(state.get("rollouts", 0))
+    state.setdefault("evals", {})
     while True:
-        if eval_due(step, cfg) and str(step) not in state["evals"]:
-            report = await run_eval(ctx, step)
+        if eval_at(step) and str(step) not in state["evals"]:
+            report = await run_eval(ctx, step, system_prompt=system_prompt)
             state["evals"][str(step)] = report.accuracy
             ctx.files.write_json("state.json", state)
-        if step >= cfg.n_batches:
-            break
+        if step >= until:
+            return state
         began = time.monotonic()
         scenarios = batch_scenarios(ctx.task.splits["train"], cfg.groups_per_batch, cfg.seed, step)
         groups = await gather_groups(
             ctx.model,
             scenarios,
             cfg.group_size,
-            system_prompt=cfg.system_prompt,
+            system_prompt=system_prompt,
             sampling=sampling,
             seed=rollout_seed(cfg.seed, step),
             max_exceptions=cfg.max_exceptions,
@@ -172,10 +189,11 @@ async def run_rl(ctx: RunContext) -> dict[str, float | int | str | None]:
         )
         step = result.step
         seconds = time.monotonic() - began
-        step_seconds.append(seconds)
-        tokens_trained += int(result.metrics.get("tokens", 0))
-        rollouts += int(stats.get("trajectories", 0))
-        state |= {"tokens_trained": tokens_trained, "rollouts": rollouts}
+        state["tokens_trained"] = state.get("tokens_trained", 0) + int(
+            result.metrics.get("tokens", 0)
+        )
+        state["rollouts"] = state.get("rollouts", 0) + int(stats.get("trajectories", 0))
+        state["step_seconds"] = [*state.get("step_seconds", []), round(seconds, 3)]
         ctx.files.write_json("state.json", state)
         ctx.files.append_metrics(
             {
@@ -193,7 +211,7 @@ async def run_rl(ctx: RunContext) -> dict[str, float | int | str | None]:
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
             "loss %.4f %.1fs",
             step,
-            cfg.n_batches,
+            until,
             stats.get("reward_mean", 0),
             stats.get("accuracy", 0),
             stats.get("frac_mixed", 0),
@@ -202,14 +220,40 @@ async def run_rl(ctx: RunContext) -> dict[str, float | int | str | None]:
             result.metrics.get("loss", 0.0),
             seconds,
         )
+
+
+def spend(state: dict[str, Any]) -> dict[str, Any]:
+    """What the training so far cost, for summary.json."""
+    seconds = state.get("step_seconds", [])
+    return {
+        "rollouts": state.get("rollouts", 0),
+        "training_tokens": state.get("tokens_trained", 0),
+        "seconds_per_step_median": statistics.median(seconds) if seconds else None,
+    }
+
+
+async def run_rl(ctx: RunContext) -> dict[str, Any]:
+    cfg = ctx.config
+    state = ctx.files.read_json("state.json") or {"evals": {}}
+    step = await ctx.model.get_step()
+    if step > cfg.n_batches:
+        raise RuntimeError(f"{ctx.files.root} is at step {step}, past n_batches={cfg.n_batches}")
+    if step:
+        log.info("resuming at step %d of %d", step, cfg.n_batches)
+    state = await train_until(
+        ctx,
+        state,
+        until=cfg.n_batches,
+        system_prompt=cfg.system_prompt,
+        eval_at=lambda s: eval_due(s, cfg),
+    )
     evals = state["evals"]
-    summary: dict[str, float | int | str | None] = {
+    step = await ctx.model.get_step()
+    summary: dict[str, Any] = {
         "val_accuracy_before": evals.get("0"),
         "val_accuracy_after": evals.get(str(cfg.n_batches)),
         "steps": step,
-        "rollouts": rollouts,
-        "training_tokens": tokens_trained,
-        "seconds_per_step_median": statistics.median(step_seconds) if step_seconds else None,
+        **spend(state),
     }
     if cfg.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy

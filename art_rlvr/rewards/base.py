@@ -64,3 +64,10 @@ def build_reward(
         return registry[name](**params)
     except (TypeError, ValidationError) as error:
         raise RewardConfigError(f"bad parameters for reward {name!r}: {error}") from error
+
+
+def first_error(error: ValidationError) -> str:
+    """A pydantic error as one line: `field.path: message` (scenario errors stay one line)."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "params"
+    return f"{where}: {first['msg']}"

@@ -41,8 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score
-from art_rlvr.rewards.qa import first_error
+from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
 
 UID_BASE = 2_100_000_000  # throwaway uids live in [UID_BASE, UID_BASE + UID_SPAN)
 UID_SPAN = 1_000_000

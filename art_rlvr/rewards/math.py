@@ -25,8 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score
-from art_rlvr.rewards.qa import first_error
+from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
 
 _MAX_ANSWER_CHARS = 8_000  # the final answer sits at the end; keep the tail
 _STARTUP_TIMEOUT_S = 120.0

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score
+from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -92,13 +92,6 @@ class QAReward(BaseModel):
             feedback=feedback,
             metrics={"correct": em, "em": em, "f1": f1, "format": fmt},
         )
-
-
-def first_error(error: ValidationError) -> str:
-    """A pydantic error as one line: `field.path: message` (scenario errors stay one line)."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "params"
-    return f"{where}: {first['msg']}"
 
 
 def qa(**params) -> QAReward:

@@ -1,0 +1,145 @@
+"""`python -m art_rlvr.compare runs/*`: the ablation table over finished runs.
+
+One row per ablation (RL-only, GEPA+RL, EI without / with teacher hints, GEPA+RL+EI, ...),
+mean ± std over the seeds present: initial and final val accuracy, final test accuracy,
+rollouts and training tokens spent, reflection and teacher calls, wall time. Runs without a
+summary.json (unfinished) are listed and skipped, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+ORDER = (
+    "baseline (eval)",
+    "RL-only (fixed prompt)",
+    "GEPA (prompt only)",
+    "GEPA+RL",
+    "EI (no hints)",
+    "EI + teacher hints",
+    "RL+EI",
+    "GEPA+RL+EI",
+)
+
+COLUMNS = (
+    ("val before", "val_accuracy_before", "{:.3f}"),
+    ("val after", "val_accuracy_after", "{:.3f}"),
+    ("test after", "test_accuracy_after", "{:.3f}"),
+    ("rollouts", "rollouts", "{:.0f}"),
+    ("train tokens", "training_tokens", "{:.0f}"),
+    ("reflection calls", "reflection_calls", "{:.0f}"),
+    ("teacher calls", "teacher_calls", "{:.0f}"),
+    ("wall min", "wall_minutes", "{:.1f}"),
+)
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    ablation: str
+    scenario: str
+    seed: int
+    values: dict[str, float | None]
+
+
+def ablation(config: dict[str, Any]) -> str:
+    """The ablation a run belongs to, from its logged config (mode and flags)."""
+    mode = config.get("mode", "rl")
+    ei = config.get("ei") or {}
+    with_ei = mode in ("ei", "gepa_rl_ei") or bool(config.get("enable_expert_iteration"))
+    if mode == "eval":
+        return "baseline (eval)"
+    if mode == "gepa":
+        return "GEPA (prompt only)"
+    if mode == "ei":
+        return "EI + teacher hints" if ei.get("enable_teacher_hints") else "EI (no hints)"
+    if mode in ("gepa_rl", "gepa_rl_ei"):
+        return "GEPA+RL+EI" if with_ei else "GEPA+RL"
+    return "RL+EI" if with_ei else "RL-only (fixed prompt)"
+
+
+def load_run(path: Path) -> RunRecord | None:
+    summary_path, config_path = path / "summary.json", path / "config.json"
+    if not summary_path.is_file() or not config_path.is_file():
+        return None
+    summary = json.loads(summary_path.read_text())
+    config = json.loads(config_path.read_text())
+    values: dict[str, float | None] = {
+        key: _number(summary.get(key)) for _, key, _ in COLUMNS if key != "wall_minutes"
+    }
+    wall = _number(summary.get("wall_seconds"))
+    values["wall_minutes"] = wall / 60 if wall is not None else None
+    return RunRecord(
+        path=path,
+        ablation=ablation(config),
+        scenario=str(summary.get("scenario", config.get("scenario"))),
+        seed=int(summary.get("seed", config.get("seed", 0))),
+        values=values,
+    )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def cell(values: Sequence[float | None], fmt: str) -> str:
+    """mean ± std over the seeds that have the value; '-' where none has it."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    mean = fmt.format(statistics.fmean(present))
+    if len(present) < 2:
+        return mean
+    return f"{mean} ± {fmt.format(statistics.stdev(present))}"
+
+
+def table(records: Sequence[RunRecord]) -> str:
+    """A markdown table, one row per (scenario, ablation), in the order of ORDER."""
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for record in records:
+        groups.setdefault((record.scenario, record.ablation), []).append(record)
+    header = ["scenario", "ablation", "seeds", *[name for name, _, _ in COLUMNS]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (scenario, name), rows in sorted(
+        groups.items(), key=lambda item: (item[0][0], ORDER.index(item[0][1]))
+    ):
+        seeds = ",".join(str(s) for s in sorted({r.seed for r in rows}))
+        cells = [cell([r.values.get(key) for r in rows], fmt) for _, key, fmt in COLUMNS]
+        lines.append("| " + " | ".join([scenario, name, seeds, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m art_rlvr.compare RUN_DIR [RUN_DIR ...]", file=sys.stderr)
+        return 2
+    records, skipped = [], []
+    for arg in argv:
+        path = Path(arg)
+        if not path.is_dir():
+            print(f"error: {path} is not a run folder", file=sys.stderr)
+            return 2
+        record = load_run(path)
+        if record is None:
+            skipped.append(path)
+        else:
+            records.append(record)
+    for path in skipped:
+        print(f"skipped {path}: no summary.json (unfinished run?)", file=sys.stderr)
+    if not records:
+        print("error: no finished runs to compare", file=sys.stderr)
+        return 1
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

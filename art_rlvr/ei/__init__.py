@@ -1,0 +1,30 @@
+"""Expert iteration with non-leaking teacher hints, relabelled to the clean prompt.
+
+`run_ei(ctx, config)` (art_rlvr.loops.ei) from the CLI; the parts (hint generation with its
+leak check, relabelling, the round) are importable on their own.
+
+Names resolve lazily: RunConfig imports `EIConfig`, and the CLI must be able to reject a bad
+key before `import art` (~20 s) happens.
+"""
+
+from art_rlvr._lazy import lazy_exports
+
+_EXPORTS = {
+    "EIConfig": "art_rlvr.ei.config",
+    "HintOutcome": "art_rlvr.ei.hints",
+    "hint_messages": "art_rlvr.ei.hints",
+    "hinted_prompt": "art_rlvr.ei.hints",
+    "obtain_hint": "art_rlvr.ei.hints",
+    "make_teacher": "art_rlvr.ei.hints",
+    "relabel": "art_rlvr.ei.relabel",
+    "relabel_for_rl": "art_rlvr.ei.relabel",
+    "best_attempts": "art_rlvr.ei.relabel",
+    "DistillExample": "art_rlvr.ei.records",
+    "RoundBuffer": "art_rlvr.ei.records",
+    "RoundStats": "art_rlvr.ei.records",
+    "EIState": "art_rlvr.ei.records",
+    "collect_round": "art_rlvr.ei.expert",
+    "distill_round": "art_rlvr.ei.expert",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("art_rlvr.ei", _EXPORTS)

@@ -1,0 +1,28 @@
+"""GEPA prompt evolution over ART trajectory groups, with reflection through litellm.
+
+`result = await optimize_prompt(model, task, config=GEPAConfig(...))` in a notebook;
+`run_gepa(ctx, config)` (art_rlvr.loops.gepa) from the CLI run loop.
+
+Names resolve lazily: RunConfig imports `GEPAConfig`, and the CLI must be able to reject a bad
+key before `import art` (~20 s) happens.
+"""
+
+from art_rlvr._lazy import lazy_exports
+
+_EXPORTS = {
+    "ARTPromptAdapter": "art_rlvr.gepa.adapter",
+    "BudgetExceeded": "art_rlvr.gepa.adapter",
+    "EvalStore": "art_rlvr.gepa.adapter",
+    "Journal": "art_rlvr.gepa.adapter",
+    "GEPAConfig": "art_rlvr.gepa.config",
+    "GEPAResult": "art_rlvr.gepa.optimizer",
+    "optimize_prompt": "art_rlvr.gepa.optimizer",
+    "run_optimizer": "art_rlvr.gepa.optimizer",
+    "Candidate": "art_rlvr.gepa.records",
+    "GEPAState": "art_rlvr.gepa.records",
+    "HistoryEvent": "art_rlvr.gepa.records",
+    "Rejection": "art_rlvr.gepa.records",
+    "ScenarioEval": "art_rlvr.gepa.records",
+}
+
+__all__, __getattr__, __dir__ = lazy_exports("art_rlvr.gepa", _EXPORTS)

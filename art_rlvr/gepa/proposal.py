@@ -1,0 +1,214 @@
+"""Reflection: what the LM is shown, and which of its replies may become a candidate.
+
+Pure functions. The stricter rules are what gepa 0.1.4 lacks: a reply needs a *complete* fenced
+block (a reply cut off mid-fence is rejected, not adopted), a proposal must fit the prompt
+length budget, must not copy a shown example's gold answer, and must not repeat a prompt that
+was already rejected or is already in the pool. Rejected proposals are shown back to the LM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gepa.strategies.instruction_proposal import InstructionProposalSignature
+
+from art_rlvr.gepa.records import Rejection, ScenarioEval
+from art_rlvr.leakage import leaked_answers
+from art_rlvr.scenario import Scenario
+
+# gepa 0.1.4's default reflection prompt, plus our rules and the rejected proposals
+REFLECTION_TEMPLATE = "\n\n".join(
+    [
+        "I provided an assistant with the following instructions to perform a task for me:\n"
+        "```\n<curr_param>\n```",
+        "The following are examples of different task inputs provided to the assistant along "
+        "with the assistant's response for each of them, and some feedback on how the "
+        "assistant's response could be better (failures first, then successes for contrast):\n"
+        "```\n<side_info>\n```",
+        "Your task is to write a new instruction for the assistant.",
+        "Read the inputs carefully and identify the input format and infer detailed task "
+        "description about the task I wish to solve with the assistant.",
+        "Read all the assistant responses and the corresponding feedback. Identify all niche and "
+        "domain specific factual information about the task and include it in the instruction, "
+        "as a lot of it may not be available to the assistant in the future. The assistant may "
+        "have utilized a generalizable strategy to solve the task, if so, include that in the "
+        "instruction as well.",
+        "Rules for the new instruction:\n"
+        "- It must work for new inputs: never copy an example's expected answer into it.\n"
+        "- It must be at most <max_chars> characters long.\n"
+        "<rejected>\n"
+        "Provide the new instructions within ``` blocks.",
+    ]
+)
+
+MERGE_TEMPLATE = "\n\n".join(
+    [
+        "Two instructions for the same task each work best on different examples.",
+        "Instruction A:\n```\n<prompt_a>\n```",
+        "Instruction B:\n```\n<prompt_b>\n```",
+        "Write one new instruction that keeps what makes each of them work, so that it does as "
+        "well as the better of the two on every example.",
+        "Rules for the new instruction:\n"
+        "- It must work for new inputs: do not copy answers to specific examples into it.\n"
+        "- It must be at most <max_chars> characters long.\n"
+        "<rejected>\n"
+        "Provide the new instructions within ``` blocks.",
+    ]
+)
+
+
+def normalize(prompt: str) -> str:
+    """Whitespace- and case-insensitive identity of a prompt (for duplicate checks)."""
+    return " ".join(prompt.split()).casefold()
+
+
+def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[str, str]]:
+    """gepa's reflective-dataset rows ("Inputs", "Generated Outputs", "Feedback") from
+    trajectory groups: failures first (each scenario's worst rollout before anyone's second),
+    then up to a quarter of the rows as successes for contrast, preferring scenarios that also
+    failed. Identical outputs of one scenario are shown once."""
+    failures: list[tuple[int, float, ScenarioEval, int]] = []
+    successes: list[tuple[int, ScenarioEval, int]] = []
+    for ev in evals:
+        seen: set[str] = set()
+        ranked = sorted(range(len(ev.rollouts)), key=lambda k: ev.rollouts[k].reward)
+        rank = 0
+        for k in ranked:
+            r = ev.rollouts[k]
+            if r.output in seen:
+                continue
+            seen.add(r.output)
+            if r.reward < 1.0:
+                failures.append((rank, r.reward, ev, k))
+            else:
+                successes.append((rank, ev, k))
+            rank += 1
+    failures.sort(key=lambda f: (f[0], f[1]))
+    n_success = min(len(successes), max(1, limit // 4) if failures else limit)
+    shown = failures[: limit - n_success]
+    failed_ids = {ev.scenario_id for _, _, ev, _ in shown}
+    # the sharpest contrast: a success on a scenario that also failed
+    successes.sort(key=lambda s: (s[1].scenario_id not in failed_ids, s[0]))
+    picked = [(ev, k) for _, _, ev, k in shown]
+    picked += [(ev, k) for _, ev, k in successes[:n_success]]
+    return [
+        {
+            "Inputs": ev.inputs,
+            "Generated Outputs": ev.rollouts[k].output or "(empty reply)",
+            "Feedback": f"reward {ev.rollouts[k].reward:.2f}: {ev.rollouts[k].feedback}"
+            + (" (cut off at the token limit)" if ev.rollouts[k].truncated else ""),
+        }
+        for ev, k in picked
+    ]
+
+
+def quote(text: str) -> str:
+    return "\n".join(f"    > {line}" for line in text.splitlines() or [""])
+
+
+def rejected_section(rejections: Sequence[Rejection], max_chars: int = 600) -> str:
+    """The rejected proposals, quoted (not fenced, so an echo cannot pass as the answer)."""
+    if not rejections:
+        return ""
+    lines = ["- These instructions were already tried and rejected; do not propose them again:"]
+    for n, rejection in enumerate(rejections, 1):
+        text = rejection.prompt
+        text = text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+        lines.append(f"  {n}. rejected because: {rejection.reason}")
+        lines.append(quote(text))
+    return "\n".join(lines) + "\n"
+
+
+def reflection_messages(
+    prompt: str,
+    dataset: Sequence[Mapping[str, Any]],
+    rejections: Sequence[Rejection],
+    max_chars: int,
+) -> list[dict[str, str]]:
+    template = REFLECTION_TEMPLATE.replace("<max_chars>", str(max_chars)).replace(
+        "<rejected>", rejected_section(rejections)
+    )
+    text = InstructionProposalSignature.prompt_renderer(
+        {
+            "current_instruction_doc": prompt,
+            "dataset_with_feedback": list(dataset),
+            "prompt_template": template,
+        }
+    )
+    assert isinstance(text, str)  # no images in our datasets
+    return [{"role": "user", "content": text}]
+
+
+def merge_messages(
+    prompt_a: str, prompt_b: str, rejections: Sequence[Rejection], max_chars: int
+) -> list[dict[str, str]]:
+    text = (
+        MERGE_TEMPLATE.replace("<max_chars>", str(max_chars))
+        .replace("<rejected>", rejected_section(rejections))
+        .replace("<prompt_a>", prompt_a)
+        .replace("<prompt_b>", prompt_b)
+    )
+    return [{"role": "user", "content": text}]
+
+
+def extract_fenced(reply: str) -> str | None:
+    """The last *complete* ``` block of a reply (an opening fence may name a language), or
+    None. Unlike gepa 0.1.4, a block whose closing fence never came is not a proposal."""
+    blocks: list[str] = []
+    opened: int | None = None
+    lines = reply.split("\n")
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if opened is None:
+            if stripped.startswith("```"):
+                inline = stripped[3:]
+                if inline.endswith("```") and len(inline) > 3:
+                    blocks.append(inline[:-3])  # ```one line```
+                else:
+                    opened = i
+        elif stripped == "```":
+            blocks.append("\n".join(lines[opened + 1 : i]))
+            opened = None
+    return blocks[-1].strip() if blocks else None
+
+
+def gold_answers_for_leak_check(scenarios: Iterable[Scenario], answer_field: str) -> list[str]:
+    """The gold answers of the examples the reflection LM was shown, read from the record's
+    `answer_field`. This is the only place GEPA looks inside a record, and only to refuse a
+    prompt that copies an answer; records without the field are not checked."""
+    return [
+        str(sc.x[answer_field]).strip()
+        for sc in scenarios
+        if answer_field in sc.x and str(sc.x[answer_field]).strip()
+    ]
+
+
+def check_proposal(
+    reply: str,
+    finish_reason: str | None,
+    *,
+    parents: Sequence[str],
+    known: Mapping[str, str],
+    answers: Sequence[str],
+    max_chars: int,
+) -> tuple[str | None, str | None]:
+    """(prompt, None) for a usable proposal, else (prompt or None, why it was rejected).
+    `known` maps normalized prompts already tried to what became of them."""
+    prompt = extract_fenced(reply)
+    if prompt is None:
+        cut = " (the reply was cut off at the token limit)" if finish_reason == "length" else ""
+        return None, f"no complete ``` fenced instruction in the reply{cut}"
+    if not prompt:
+        return None, "the fenced instruction was empty"
+    if len(prompt) > max_chars:
+        return prompt, f"too long: {len(prompt)} characters, the limit is {max_chars}"
+    leaks = leaked_answers(prompt, answers)
+    if leaks:
+        return prompt, f"it copies the expected answer of a shown example ({', '.join(leaks)})"
+    key = normalize(prompt)
+    if any(key == normalize(p) for p in parents):
+        return prompt, "it is the same as the instruction it should improve"
+    if key in known:
+        return prompt, f"it repeats an earlier proposal ({known[key]})"
+    return prompt, None

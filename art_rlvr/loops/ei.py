@@ -1,0 +1,341 @@
+"""The expert-iteration loop of a run: rounds of sample -> select / hint -> relabel -> distil,
+with greedy val evaluations in between.
+
+Same shape as `run_rl`: the run folder holds the state (`state.json`, an `EIState`), every
+event goes to `metrics.jsonl`, trajectories to `trajectories/` (`train_RRRR` clean attempts,
+`hinted_RRRR` hinted ones, `val_RRRR` evaluations, where RRRR is the round), and each round's
+buffer (examples, hints, stats) to `ei/round_RRRR.json`, hints also to `ei/hints.jsonl`.
+
+Resume: a round's buffer is written into the state atomically before it trains. A run killed
+while sampling redoes that round (its rollouts are seeded); one killed while training trains
+on the saved buffer, or, if the checkpoint of that training is already on disk, only finishes
+the bookkeeping. Raising `rounds` and re-running continues a finished run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from art_rlvr.ei.config import EIConfig
+from art_rlvr.ei.expert import collect_round, distill_round
+from art_rlvr.ei.hints import make_teacher
+from art_rlvr.ei.records import EIState, RoundBuffer
+from art_rlvr.llm import LLMClient, LLMCounters
+from art_rlvr.loops.files import StateFileError
+from art_rlvr.loops.rl import RunContext, run_eval
+
+log = logging.getLogger(__name__)
+
+# knobs that may change between a run and its resume (they do not change what a round does)
+_RESUMABLE = {
+    "rounds",
+    "eval_every_rounds",
+    "log_excerpts",
+    "hint_reliance",
+    "teacher_api_base",
+    "teacher_api_key_env",
+    "teacher_timeout_s",
+    "teacher_max_retries",
+    "teacher_backoff_s",
+    "teacher_backoff_max_s",
+    "teacher_concurrency",
+}
+
+_TOTALS = (
+    "clean_attempts",
+    "hinted_attempts",
+    "clean_solved",
+    "recovered",
+    "hints_requested",
+    "hints_generated",
+    "hints_leak_rejected",
+    "hints_dropped",
+    "hinted_echo_rejected",
+    "teacher_errors",
+    "examples_distilled",
+    "examples_from_hints",
+    "rollout_errors",
+)
+
+
+def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> str:
+    shaping = {k: v for k, v in config.model_dump(mode="json").items() if k not in _RESUMABLE}
+    blob = json.dumps([shaping, task_name, system_prompt], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def eval_due(round_index: int, config: EIConfig) -> bool:
+    return (
+        round_index == 0
+        or round_index == config.rounds
+        or round_index % config.eval_every_rounds == 0
+    )
+
+
+def check_records(ctx: RunContext, config: EIConfig) -> None:
+    """Refuse a teacher run whose records lack the answer field, before anything is spent."""
+    train = ctx.task.splits["train"]
+    if not train:
+        raise ValueError(f"scenario {ctx.task.name} has an empty train split; EI needs one")
+    if config.enable_teacher_hints and config.answer_field not in train[0].x:
+        raise ValueError(
+            f"answer_field={config.answer_field!r} is not a field of {ctx.task.name} records "
+            f"(fields: {', '.join(sorted(train[0].x))}); the teacher needs the gold answer"
+        )
+
+
+def load_state(ctx: RunContext, fp: str, step: int) -> EIState:
+    raw = ctx.files.read_json("state.json")
+    if raw is None:
+        if step:
+            raise ValueError(
+                f"{ctx.files.root} holds a model at step {step} but no EI state; use a new run_dir"
+            )
+        return EIState(fingerprint=fp)
+    try:
+        state = EIState.model_validate(raw)
+    except ValidationError:
+        raise StateFileError(
+            f"{ctx.files.root / 'state.json'} is not an expert-iteration state (another mode's "
+            "run?); use a new run_dir"
+        ) from None
+    if state.fingerprint != fp:
+        raise ValueError(
+            f"{ctx.files.root} holds an EI run with other settings (seed, sizes, sampling, "
+            "teacher or distillation differ); use a new run_dir, or the same settings to resume"
+        )
+    return state
+
+
+def save(ctx: RunContext, state: EIState) -> None:
+    ctx.files.write_json("state.json", state.model_dump(mode="json"))
+
+
+def excerpt(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
+    s = buffer.stats
+    hinted = (
+        f" | hints {s.hints_generated}/{s.hints_requested} (leak-rejected {s.hints_leak_rejected},"
+        f" dropped {s.hints_dropped}, teacher errors {s.teacher_errors}), hinted solve "
+        f"{s.hinted_solve_rate if s.hinted_solve_rate is not None else float('nan'):.2f}, "
+        f"recovered {s.recovered}, reliance "
+        + (f"{s.hint_reliance_mean:.2f} nats" if s.hint_reliance_mean is not None else "n/a")
+        if config.enable_teacher_hints
+        else ""
+    )
+    log.info(
+        "round %d/%d: clean solve %.2f (attempt acc %.2f) | distilled %d (%d from hints)%s",
+        buffer.round + 1,
+        rounds,
+        s.clean_solve_rate,
+        s.clean_accuracy,
+        s.examples_distilled,
+        s.examples_from_hints,
+        hinted,
+    )
+    if not config.log_excerpts:
+        return
+    hints = {h.scenario_id: h.hint for h in buffer.hints if h.hint}
+    shown = 0
+    for example in buffer.examples:
+        if example.source == "hinted" and shown < config.log_excerpts:
+            log.info(
+                "  hint for %s: %r -> relabelled: user %r | assistant %r",
+                example.scenario_id,
+                excerpt(hints.get(example.scenario_id, "")),
+                excerpt(example.messages[-1]["content"]),
+                excerpt(example.completion),
+            )
+            shown += 1
+    for record in buffer.hints:
+        if record.dropped and shown < config.log_excerpts:
+            log.info(
+                "  no hint for %s (%s): %r",
+                record.scenario_id,
+                record.dropped,
+                excerpt(record.attempts[-1].text or record.attempts[-1].detail)
+                if record.attempts
+                else "",
+            )
+            shown += 1
+    clean = next((e for e in buffer.examples if e.source == "clean"), None)
+    if clean is not None:
+        log.info(
+            "  kept %s: user %r | assistant %r",
+            clean.scenario_id,
+            excerpt(clean.messages[-1]["content"]),
+            excerpt(clean.completion),
+        )
+
+
+async def finish_round(
+    ctx: RunContext,
+    state: EIState,
+    buffer: RoundBuffer,
+    train_metrics: dict[str, float] | None,
+    teacher: LLMClient | None,
+    seconds: float | None,
+) -> EIState:
+    step = await ctx.model.get_step()
+    totals = dict(state.totals)
+    stats = buffer.stats.model_dump()
+    for key in _TOTALS:
+        totals[key] = totals.get(key, 0.0) + float(stats[key])
+    totals["rounds_trained"] = totals.get("rounds_trained", 0.0) + float(train_metrics is not None)
+    reliance = [e.hint_reliance for e in buffer.examples if e.hint_reliance is not None]
+    totals["hint_reliance_sum"] = totals.get("hint_reliance_sum", 0.0) + sum(reliance)
+    totals["hint_reliance_n"] = totals.get("hint_reliance_n", 0.0) + len(reliance)
+    state = state.model_copy(
+        update={
+            "rounds_done": buffer.round + 1,
+            "pending": None,
+            "pending_step": None,
+            "totals": totals,
+            "teacher_counters": teacher.counters.snapshot() if teacher else state.teacher_counters,
+        }
+    )
+    save(ctx, state)  # state first: a kill right here loses a log line, repeats nothing
+    ctx.files.append_metrics(
+        {
+            "event": "ei_round",
+            "round": buffer.round,
+            "step": step,
+            **{k: v for k, v in stats.items() if k != "round"},
+            **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
+            "trained": train_metrics is not None,
+            "seconds": seconds,
+            "wall_seconds": time.monotonic() - ctx.started,
+        }
+    )
+    with (ctx.files.root / "ei" / "hints.jsonl").open("a") as handle:
+        for record in buffer.hints:
+            handle.write(json.dumps({"round": buffer.round, **record.model_dump()}) + "\n")
+    return state
+
+
+async def distill_in_run(
+    ctx: RunContext, buffer: RoundBuffer, config: EIConfig
+) -> dict[str, float] | None:
+    """Train on a round's buffer with the run's optimiser settings (for `distill=rl`)."""
+    run = ctx.config
+    return await distill_round(
+        ctx.model,
+        ctx.backend,
+        buffer,
+        config,
+        learning_rate=run.learning_rate,
+        loss_fn=run.loss_fn,
+        kl_penalty_coef=run.kl_penalty_coef,
+        scale_rewards=run.scale_rewards,
+    )
+
+
+async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
+    """Run (or resume) expert iteration; the returned dict goes into summary.json."""
+    run = ctx.config
+    check_records(ctx, config)
+    (ctx.files.root / "ei").mkdir(exist_ok=True)
+    fp = fingerprint(config, ctx.task.name, run.system_prompt)
+    step = await ctx.model.get_step()
+    state = load_state(ctx, fp, step)
+    teacher: LLMClient | None = None
+    teacher_name = None
+    if config.enable_teacher_hints:
+        counters = LLMCounters.restore(state.teacher_counters or {})
+        teacher, teacher_name = make_teacher(ctx.model, config, counters)
+
+    async def distill(buffer: RoundBuffer) -> dict[str, float] | None:
+        return await distill_in_run(ctx, buffer, config)
+
+    if state.pending is not None:  # killed after the buffer was saved
+        buffer = state.pending
+        if step > (state.pending_step or 0):
+            log.info("resuming: round %d had trained before the kill", buffer.round + 1)
+            state = await finish_round(
+                ctx, state, buffer, {"recovered_after_kill": 1.0}, teacher, None
+            )
+        else:
+            log.info("resuming: training round %d on its saved buffer", buffer.round + 1)
+            state = await finish_round(ctx, state, buffer, await distill(buffer), teacher, None)
+    elif state.rounds_done:
+        log.info("resuming at round %d of %d", state.rounds_done + 1, config.rounds)
+
+    while True:
+        r = state.rounds_done
+        if eval_due(r, config) and str(r) not in state.evals:
+            report = await run_eval(ctx, r)
+            state = state.model_copy(
+                update={
+                    "evals": {**state.evals, str(r): report.accuracy},
+                    "eval_steps": {**state.eval_steps, str(r): await ctx.model.get_step()},
+                }
+            )
+            save(ctx, state)
+        if r >= config.rounds:
+            break
+        began = time.monotonic()
+        output = await collect_round(
+            ctx.model,
+            ctx.task,
+            config,
+            r,
+            system_prompt=run.system_prompt,
+            teacher=teacher,
+            backend=ctx.backend,
+            max_exceptions=run.max_exceptions,
+        )
+        buffer = output.buffer
+        ctx.files.write_trajectories(f"train_{r:04d}", output.clean_groups)
+        if output.hinted_groups:
+            ctx.files.write_trajectories(f"hinted_{r:04d}", output.hinted_groups)
+        ctx.files.write_json(f"ei/round_{r:04d}.json", buffer.model_dump(mode="json"))
+        state = state.model_copy(
+            update={"pending": buffer, "pending_step": await ctx.model.get_step()}
+        )
+        save(ctx, state)  # the EI buffer is on disk before any weight changes
+        log_round(buffer, config, config.rounds)
+        train_metrics = await distill(buffer)
+        state = await finish_round(
+            ctx, state, buffer, train_metrics, teacher, time.monotonic() - began
+        )
+
+    evals = state.evals
+    totals = state.totals
+    attempts = totals.get("clean_attempts", 0.0)
+    summary: dict[str, Any] = {
+        "val_accuracy_before": evals.get("0"),
+        "val_accuracy_after": evals.get(str(config.rounds)),
+        "val_curve": {int(k): v for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))},
+        "rounds": state.rounds_done,
+        "steps": await ctx.model.get_step(),
+        "distill": config.distill,
+        "rollouts": int(attempts + totals.get("hinted_attempts", 0.0)),
+        **{k: int(v) for k, v in totals.items() if k in _TOTALS},
+        "teacher": teacher_name,
+        "hint_reliance_mean": (
+            totals["hint_reliance_sum"] / totals["hint_reliance_n"]
+            if totals.get("hint_reliance_n")
+            else None
+        ),
+    }
+    if teacher is not None:
+        counters = teacher.counters.snapshot()
+        summary |= {
+            "teacher_calls": counters["calls"],
+            "teacher_call_errors": counters["error_total"],
+        }
+    if run.eval_test and ctx.task.splits["test"]:
+        summary["test_accuracy_after"] = (
+            await run_eval(ctx, state.rounds_done, split="test")
+        ).accuracy
+    return summary

@@ -1,0 +1,5 @@
+"""Test helpers that run for real on loopback: a scripted OpenAI-compatible server."""
+
+from art_rlvr.testing.scripted_server import Recorded, ScriptedServer, Step, completion_payload
+
+__all__ = ["Recorded", "ScriptedServer", "Step", "completion_payload"]

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The five ablations on arith with the embedded model, same seed(s), a budget that fits 2 CPU
+# cores, one after the other (so wall times compare), then the table:
+#   bash benchmarks/ablation_matrix.sh [SEEDS...]        (default: seed 0)
+# Budget per run: 288 training rollouts of the policy (RL: 8 steps x 6 groups x 6; EI: 3 rounds
+# x 16 scenarios x 6 attempts); GEPA+RL spends 4 RL steps per round over 2 rounds plus 2 GEPA
+# phases of at most 64 metric calls each (reflection by the embedded model: no key needed).
+# Results land in runs/abl-*; a killed script re-run resumes each run where it stopped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=("${@:-0}")
+RUN=(python3 -m uv run --locked python -m art_rlvr.run scenario=arith eval_test=true)
+GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 rollouts_per_problem=2
+      reflection_max_tokens=256 report_val_limit=0)
+for seed in "${SEEDS[@]}"; do
+  "${RUN[@]}" seed="$seed" run_name="abl-rl-s$seed" mode=rl n_batches=8 eval_every=8
+  "${RUN[@]}" seed="$seed" run_name="abl-gepa_rl-s$seed" mode=gepa_rl n_rounds=2 \
+      rl_batches_per_round=4 "${GEPA[@]}"
+  "${RUN[@]}" seed="$seed" run_name="abl-ei-s$seed" mode=ei rounds=3 eval_every_rounds=3
+  "${RUN[@]}" seed="$seed" run_name="abl-ei_hints-s$seed" mode=ei rounds=3 eval_every_rounds=3 \
+      enable_teacher_hints=true
+  "${RUN[@]}" seed="$seed" run_name="abl-gepa_rl_ei-s$seed" mode=gepa_rl_ei n_rounds=2 \
+      rl_batches_per_round=4 scenarios_per_round=8 "${GEPA[@]}"
+done
+python3 -m uv run --locked python -m art_rlvr.compare runs/abl-*

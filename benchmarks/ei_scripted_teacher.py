@@ -1,0 +1,150 @@
+"""Expert iteration on arith with a scripted teacher on loopback: are unsolved problems
+recovered, is anything trained on free of hints and leaked answers, and what hint reliance?
+
+usage: uv run python benchmarks/ei_scripted_teacher.py [RUN_DIR] [key=value ...]
+
+The teacher is a `ScriptedServer` (a real OpenAI-compatible HTTP server on 127.0.0.1, called
+through litellm) that answers the first request with a reply that leaks every possible answer (refused, asked
+again), then every request with one of two non-leaking hints, in turn. The student is the embedded model. Prints a JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("WEAVE_DISABLED", "true")
+
+HINTS = [
+    "Compute it step by step; the result is a whole number. Reply with only that number.",
+    "Start from the first number and count; answer with the number alone, no words.",
+]
+
+
+def main(run_dir: Path, extra: list[str]) -> dict:
+    from art_rlvr.ei.records import RoundBuffer
+    from art_rlvr.leakage import leaks
+    from art_rlvr.run import main as run_main
+    from art_rlvr.scenario import load_task
+    from art_rlvr.testing import ScriptedServer, Step
+
+    os.environ["SCRIPTED_TEACHER_KEY"] = "sk-scripted-teacher"
+    # first a reply that names every possible arith answer (0..40), which must be refused and
+    # regenerated, then the hints in turn
+    leak = "It is one of " + ", ".join(str(i) for i in range(41)) + "."
+    steps = [Step.reply(leak)] + [Step.reply(h) for h in HINTS] * 200
+    with ScriptedServer(steps, default=Step.reply(HINTS[0])) as server:
+        argv = [
+            "scenario=arith",
+            "mode=ei",
+            "seed=0",
+            f"run_dir={run_dir}",
+            "enable_teacher_hints=true",
+            "teacher_model=openai/scripted-teacher",
+            f"teacher_api_base={server.base_url}",
+            "teacher_api_key_env=SCRIPTED_TEACHER_KEY",
+            "rounds=2",
+            "scenarios_per_round=16",
+            "expert_samples_per_x=2",
+            "hinted_samples_per_x=4",
+            "val_limit=50",
+            "eval_test=false",
+            *extra,
+        ]
+        code = run_main(argv)
+        teacher_requests = len(server.chat_requests)
+    if code != 0:
+        raise SystemExit(code)
+    task = load_task("arith", seed=0)
+    by_id = {sc.id: sc for sc in task.splits["train"]}
+    hint_texts: set[str] = set()
+    examples = []
+    for path in sorted((run_dir / "ei").glob("round_*.json")):
+        buffer = RoundBuffer.model_validate_json(path.read_text())
+        hint_texts |= {h.hint for h in buffer.hints if h.hint}
+        hint_texts |= {a.text for h in buffer.hints for a in h.attempts if a.text}
+        examples += list(buffer.examples)
+    accepted_hints_leaking = 0
+    for path in sorted((run_dir / "ei").glob("round_*.json")):
+        buffer = RoundBuffer.model_validate_json(path.read_text())
+        for h in buffer.hints:
+            if h.hint and leaks(h.hint, by_id[h.scenario_id].x["answer"]):
+                accepted_hints_leaking += 1
+    with_hint_text = sum(
+        any(text in json.dumps([list(e.messages), e.completion]) for text in hint_texts)
+        for e in examples
+    )
+    from art_rlvr.ei.hints import echoes_hint
+
+    echoing = sum(
+        e.source == "hinted" and any(echoes_hint(e.completion, h) for h in hint_texts)
+        for e in examples
+    )
+    not_clean = sum(list(e.messages) != by_id[e.scenario_id].messages(None) for e in examples)
+    prompt_leaks = sum(
+        leaks(json.dumps(list(e.messages)), by_id[e.scenario_id].x["answer"])
+        and not leaks(
+            by_id[e.scenario_id].messages(None)[-1]["content"], by_id[e.scenario_id].x["answer"]
+        )
+        for e in examples
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"ei_round"' in line
+    ]
+    report = {
+        "teacher_requests": teacher_requests,
+        "rounds": [
+            {
+                k: r[k]
+                for k in (
+                    "round",
+                    "clean_solve_rate",
+                    "hints_requested",
+                    "hints_generated",
+                    "hints_leak_rejected",
+                    "hints_dropped",
+                    "teacher_errors",
+                    "hinted_echo_rejected",
+                    "hinted_solve_rate",
+                    "recovered",
+                    "examples_distilled",
+                    "examples_from_hints",
+                    "hint_reliance_mean",
+                    "hint_reliance_per_token",
+                )
+            }
+            for r in rounds
+        ],
+        "distilled_examples": len(examples),
+        "distilled_from_hints": sum(e.source == "hinted" for e in examples),
+        "distilled_with_hint_text": with_hint_text,
+        "distilled_hinted_completions_quoting_a_hint": echoing,
+        "distilled_with_non_clean_prompt": not_clean,
+        "distilled_prompts_leaking_answer": prompt_leaks,
+        "accepted_hints_leaking_answer": accepted_hints_leaking,
+        "summary": {
+            k: summary.get(k)
+            for k in (
+                "val_accuracy_before",
+                "val_accuracy_after",
+                "recovered",
+                "hints_leak_rejected",
+                "hint_reliance_mean",
+                "wall_seconds",
+            )
+        },
+    }
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    folder = Path(args.pop(0)) if args and "=" not in args[0] else Path("runs/arith-ei-teacher")
+    main(folder, args)

@@ -1,0 +1,84 @@
+"""GEPA on arith with the embedded model: does it find, accept and keep a better prompt?
+
+usage: uv run python benchmarks/gepa_arith.py scripted|embedded RUN_DIR [MAX_METRIC_CALLS=250]
+
+scripted: a scripted reflector on loopback (a real OpenAI-compatible HTTP server that litellm
+  calls) proposes three instructions in turn, from a generic seed ("Answer the question.").
+embedded: the embedded model reflects on itself (no key needed; weak), 4 iterations at most.
+Both use a 16-scenario Pareto set, minibatches of 6, 2 rollouts per scenario at temperature 0.7,
+and report greedy val accuracy (first 50 val items, max_tokens 32) of the seed and the best
+prompt, and the metric calls used against the budget. Prints the summary and every history
+event as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("WEAVE_DISABLED", "true")
+
+SEED = "Answer the question."
+PROPOSALS = [
+    "Reply with a bare number and nothing else.",
+    "You are a careful calculator. Reply with only the final number.",
+    "You are a calculator. Output only the result.",
+]
+
+
+async def main(mode: str, run_dir: Path, budget: int) -> None:
+    import art
+
+    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+    from art_rlvr.gepa import GEPAConfig, optimize_prompt
+    from art_rlvr.testing import ScriptedServer, Step
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("httpx", "LiteLLM", "litellm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    backend = TorchBackend(path=run_dir / ".art", seed=0)
+    model = art.TrainableModel(
+        name="measure", project="gepa", run_name=mode, base_model=DEFAULT_BASE_MODEL
+    )
+    common = {
+        "max_metric_calls": budget,
+        "pareto_size": 16,
+        "traces_per_iteration": 6,
+        "rollouts_per_problem": 2,
+        "temperature": 0.7,
+        "max_tokens": 32,
+        "report_val_limit": 50,
+    }
+    steps = [Step.reply(f"A better instruction:\n```\n{p}\n```") for p in PROPOSALS]
+    server = ScriptedServer(steps, default=steps[-1])
+    try:
+        await model.register(backend)
+        if mode == "scripted":
+            os.environ.setdefault("MEASURE_SCRIPTED_KEY", "sk-local")
+            config = GEPAConfig(
+                reflection_model="openai/scripted",
+                reflection_api_base=server.base_url,
+                reflection_api_key_env="MEASURE_SCRIPTED_KEY",
+                **common,
+            )
+        else:
+            config = GEPAConfig(reflection_max_tokens=256, max_iterations=4, **common)
+        result = await optimize_prompt(
+            model, load_task("arith", seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
+        )
+    finally:
+        server.close()
+        await backend.close()
+    print(json.dumps(result.summary(), indent=2))
+    for event in result.history:
+        print(json.dumps(event.model_dump(mode="json", exclude_none=True)))
+
+
+if __name__ == "__main__":
+    mode, run_dir = sys.argv[1], Path(sys.argv[2])
+    asyncio.run(main(mode, run_dir, int(sys.argv[3]) if len(sys.argv) > 3 else 250))
