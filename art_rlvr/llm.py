@@ -357,6 +357,9 @@ def embedded_settings(model: Any, **overrides: Any) -> tuple[LLMSettings, str]:
     return settings, str(model.inference_api_key)
 
 
+EMBEDDED_MIN_TIMEOUT_S = 600.0
+
+
 def client_for(
     settings: LLMSettings | None,
     model: Any,
@@ -370,7 +373,9 @@ def client_for(
     the embedded `model` through its own endpoint (logged as weak but real). Returns the client
     and a name for summaries. A provider whose key is missing is an error before any call."""
     if settings is None:
-        settings, key = embedded_settings(model, **overrides)
+        # a CPU model writing a long reply to a long prompt, next to rollouts, can take minutes
+        timeout = max(float(overrides.get("timeout_s", 0)), EMBEDDED_MIN_TIMEOUT_S)
+        settings, key = embedded_settings(model, **(overrides | {"timeout_s": timeout}))
         log.warning(
             "%s LM: no %s configured, so the embedded model %s is used through its own "
             "endpoint (%s): weak but real",

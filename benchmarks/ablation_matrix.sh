@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 SEEDS=("${@:-0}")
 RUN=(python3 -m uv run --locked python -m art_rlvr.run scenario=arith eval_test=true)
 GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 rollouts_per_problem=2
-      reflection_max_tokens=256 report_val_limit=0)
+      reflection_max_tokens=256 reflection_timeout_s=600 report_val_limit=0)
 for seed in "${SEEDS[@]}"; do
   "${RUN[@]}" seed="$seed" run_name="abl-rl-s$seed" mode=rl n_batches=8 eval_every=8
   "${RUN[@]}" seed="$seed" run_name="abl-gepa_rl-s$seed" mode=gepa_rl n_rounds=2 \

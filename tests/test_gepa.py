@@ -455,6 +455,7 @@ async def test_budget_is_never_exceeded(model, task, tmp_path) -> None:
         )  # it stopped only when an iteration might not fit
 
 
+@pytest.mark.slow  # ~45 s; the measured run in the README covers it too
 async def test_embedded_model_reflects_on_itself(model, task, tmp_path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="art_rlvr")
     cfg = GEPAConfig(
@@ -494,6 +495,7 @@ def comparable(result: GEPAResult) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow  # ~70 s (two subprocesses and a reference run)
 async def test_killed_run_resumes_to_the_uninterrupted_result(model, task, tmp_path) -> None:
     run_dir, out = tmp_path / "killed", tmp_path / "result.json"
     journal = run_dir / "gepa" / "journal.jsonl"

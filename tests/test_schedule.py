@@ -45,7 +45,8 @@ def test_plan_orders_phases(rounds: int, gepa: bool, skip: bool, ei: bool, expec
 
 
 def schedule_args(server: ScriptedServer, run_dir: Path, *extra: str) -> list[str]:
-    return [
+    """CLI words for a tiny schedule; `extra` words replace the defaults of the same key."""
+    base = [
         "scenario=arith",
         "mode=gepa_rl",
         f"system_prompt={SEED}",
@@ -70,8 +71,9 @@ def schedule_args(server: ScriptedServer, run_dir: Path, *extra: str) -> list[st
         "rollouts_per_problem=1",
         "min_improvement_threshold=-1",  # admit any proposal; the Pareto set picks the best
         "report_val_limit=0",
-        *extra,
     ]
+    overridden = {word.partition("=")[0] for word in extra}
+    return [w for w in base if w.partition("=")[0] not in overridden] + list(extra)
 
 
 def system_prompts(path: Path) -> set[str]:
@@ -134,7 +136,13 @@ def kill_when(run_dir: Path, point: str) -> bool:
 def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
     tmp_path: Path, point: str
 ) -> None:
-    extra = ["mode=gepa_rl_ei", "rl_batches_per_round=2", "expert_samples_per_x=2"]
+    extra = [
+        "mode=gepa_rl_ei",
+        "n_rounds=1",
+        "rl_batches_per_round=2",
+        "expert_samples_per_x=2",
+        "scenarios_per_round=4",
+    ]
     env = {**os.environ, "SCHEDULE_KEY": KEY}
     results = {}
     for name in ("killed", "reference"):
@@ -145,7 +153,6 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
                 "-m",
                 "art_rlvr.run",
                 *schedule_args(server, run_dir, *extra),
-                "n_rounds=1",
             ]
             if name == "killed":
                 proc = subprocess.Popen(
