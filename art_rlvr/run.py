@@ -122,15 +122,9 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
             result = await run_rl(ctx)
     finally:
         await backend.close()
-    wall = (
-        time.monotonic()
-        - started
-        + float(
-            prior.get("wall_seconds", 0.0)
-            if prior.get("steps", 0) < result.get("steps", 0)
-            else 0.0
-        )
-    )
+    # a re-run of the same run adds its time to the earlier sessions' (a summary is written at
+    # the end of each session that finished)
+    wall = time.monotonic() - started + float(prior.get("wall_seconds", 0.0))
     summary = {
         "mode": cfg.mode,
         "scenario": task.name,

@@ -7,8 +7,11 @@ PROMPTS = [f"Respond with one word: yes, no or maybe. Case {i}." for i in range(
 
 
 def reward(text: str) -> float:
+    """Prefers "maybe", and otherwise varies with the text, so that a group of 4 sampled
+    replies almost never has zero variance (PipelineTrainer discards those groups, and a run
+    with too few left would end before `max_steps`)."""
     word = (text.strip().split() or [""])[0].strip(".,!?'\"").lower()
-    return {"maybe": 1.0, "no": 0.5, "yes": 0.25}.get(word, 0.0)
+    return 1.0 if word == "maybe" else sum(ord(c) for c in text) % 97 / 100
 
 
 async def rollout_fn(
@@ -48,7 +51,7 @@ async def test_pipeline_trainer_runs_on_torch_backend(backend, make_model) -> No
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        scenarios=[{"prompt": p} for p in PROMPTS * 4],
+        scenarios=[{"prompt": p} for p in PROMPTS * 6],
         config=None,
         eval_fn=eval_fn,
         learning_rate=1e-4,
