@@ -27,6 +27,7 @@ _EXPORTS = {
     "gather_groups": "art_rlvr.rollouts",
     "rollout": "art_rlvr.rollouts",
     "rollout_group": "art_rlvr.rollouts",
+    "setup_weave": "art_rlvr.observe.tracing",
     "Scenario": "art_rlvr.scenario",
     "Task": "art_rlvr.scenario",
     "builtin_scenarios": "art_rlvr.scenario",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,9 @@ from art_rlvr.backend.selection import BackendName
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 
-SECRET_MARKERS = ("key", "token", "secret", "password")
+# a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
+# (the name of an environment variable, which is what a reader needs to see)
+SECRET_NAME = re.compile(r"(key|secret|password|token)$", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -63,6 +66,13 @@ class RunConfig(BaseModel):
     eval_every: int = Field(default=8, ge=1)
     max_exceptions: float = Field(default=0.1, ge=0.0)
 
+    # watching the run: early stop on a val plateau, the reward-hacking alarm, Weave tracing
+    patience: int | None = Field(default=None, ge=1)  # None: never stop early
+    min_delta: float = Field(default=0.0, ge=0.0)
+    alarm_reward_rise: float = Field(default=0.05, ge=0.0)
+    alarm_val_drop: float = Field(default=0.05, ge=0.0)
+    weave_project: str | None = None  # "entity/project"; None: no tracing
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # GEPA + RL block coordinate ascent (mode=gepa_rl; gepa_rl_ei adds expert-iteration rounds)
@@ -81,6 +91,13 @@ class RunConfig(BaseModel):
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("weave_project")
+    @classmethod
+    def _project_name(cls, value: str | None) -> str | None:
+        if value is not None and (value.count("/") > 1 or not all(value.split("/"))):
+            raise ValueError("must be 'entity/project' or 'project'")
         return value
 
     @field_validator("run_name")
@@ -109,11 +126,19 @@ class RunConfig(BaseModel):
             for name, modes in SUBCONFIG_MODES.items()
             if self.mode not in modes and not (name == "ei" and self.with_expert_iteration)
         }
-        data = json.loads(self.model_dump_json(exclude=unused))
+        return mask_secrets(json.loads(self.model_dump_json(exclude=unused)))
+
+
+def mask_secrets(data: Any) -> Any:
+    """`***` for every non-empty value whose key names a secret, at any depth."""
+    if isinstance(data, dict):
         return {
-            k: ("***" if any(m in k.lower() for m in SECRET_MARKERS) and v else v)
+            k: "***" if SECRET_NAME.search(str(k)) and v else mask_secrets(v)
             for k, v in data.items()
         }
+    if isinstance(data, list):
+        return [mask_secrets(v) for v in data]
+    return data
 
 
 def _coerce_source_value(raw: str) -> Any:

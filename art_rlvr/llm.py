@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_rlvr.observe import tracing
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 
 log = logging.getLogger(__name__)
@@ -284,6 +286,7 @@ class LLMClient:
         log.error("%s (after %d attempt(s))", error, error.attempts)
         return error
 
+    @tracing.op("art_rlvr.llm", inputs=tracing.llm_inputs)
     def complete(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> LLMReply:
         """Blocking call with retries (for threads: gepa's reflection runs in one)."""
         litellm, began = _litellm(), self._begin()
@@ -295,6 +298,7 @@ class LLMClient:
                 time.sleep(self._retry_wait(error, attempt))
         raise AssertionError("unreachable")
 
+    @tracing.op("art_rlvr.llm", inputs=tracing.llm_inputs)
     async def acomplete(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> LLMReply:
         """The same call on an event loop (litellm.acompletion, asyncio.sleep between tries)."""
         litellm, began = _litellm(), self._begin()

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import art
-import weave
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_rlvr.observe import tracing
 from art_rlvr.scenario import Scenario, prompt_hash
 
 
@@ -36,7 +36,7 @@ def rollout_seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-@weave.op(name="art_rlvr.rollout")
+@tracing.op("art_rlvr.rollout", inputs=tracing.rollout_inputs, output=tracing.trajectory_output)
 async def rollout(
     model: art.Model,
     scenario: Scenario,

@@ -9,6 +9,7 @@ import random
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
@@ -17,6 +18,7 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import ConfigError, RunConfig, parse_args
 from art_rlvr.loops.files import RunFiles, StateFileError
+from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.scenario import Task, load_task
 from art_rlvr.sources import ScenarioFileError
 
@@ -81,6 +83,7 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
     )
     log.info("config: %s", cfg.model_dump_json())
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
+    tracing = setup_weave(cfg.weave_project)
     backend = build_backend(
         cfg.backend,
         path=files.art_path,
@@ -122,6 +125,8 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
             result = await run_rl(ctx)
     finally:
         await backend.close()
+        if tracing:
+            finish_weave()
     # a re-run of the same run adds its time to the earlier sessions' (a summary is written at
     # the end of each session that finished)
     wall = time.monotonic() - started + float(prior.get("wall_seconds", 0.0))
@@ -144,20 +149,34 @@ def _versions() -> dict[str, str]:
     }
 
 
-def print_summary(summary: dict[str, Any], cfg: RunConfig) -> None:
+def summary_lines(summary: dict[str, Any], directory: Path) -> list[str]:
+    """The one-screen summary printed at the end (everything is also in summary.json)."""
     before, after = summary.get("val_accuracy_before"), summary.get("val_accuracy_after")
-    lines = [
-        f"run        {cfg.directory}",
-        f"mode       {summary['mode']} on {summary['scenario']} (seed {summary['seed']})",
-        f"val acc    {before:.3f} -> {after:.3f}"
-        if before is not None and after is not None
-        else "val acc    n/a",
-        f"steps      {summary.get('steps')}",
-        f"wall       {summary['wall_seconds']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB",
+    test = summary.get("test_accuracy_after")
+    rows: list[tuple[str, Any]] = [
+        ("run", directory),
+        ("mode", f"{summary['mode']} on {summary['scenario']} (seed {summary['seed']})"),
+        ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
+        ("test acc", f"{test:.3f}" if test is not None else None),
+        ("steps", summary.get("steps")),
+        ("rollouts", summary.get("rollouts")),
+        ("tokens", summary.get("training_tokens")),
+        ("reflection", _calls(summary, "reflection_calls", "reflection_errors")),
+        ("teacher", _calls(summary, "teacher_calls", "teacher_errors")),
+        ("s changes", summary.get("prompt_changes")),
+        ("stopped", (summary.get("early_stop") or {}).get("message")),
+        ("wall", f"{summary['wall_seconds']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB"),
+        ("report", f"python -m art_rlvr.report {directory}"),
     ]
-    if summary.get("test_accuracy_after") is not None:
-        lines.insert(3, f"test acc   {summary['test_accuracy_after']:.3f}")
-    print("\n".join(lines))
+    lines = [f"{name:<11}{value}" for name, value in rows if value is not None]
+    lines += [f"ALARM      step {a['step']}: {a['message']}" for a in summary.get("alarms", [])]
+    return lines
+
+
+def _calls(summary: dict[str, Any], calls: str, errors: str) -> str | None:
+    if summary.get(calls) is None:
+        return None
+    return f"{summary[calls]} call(s), {summary.get(errors) or 0} error(s)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; re-run the same command to resume", file=sys.stderr)
         return 130
-    print_summary(summary, cfg)
+    print("\n".join(summary_lines(summary, cfg.directory)))
     return 0
 
 

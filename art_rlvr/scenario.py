@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from art_rlvr.observe import tracing
 from art_rlvr.rewards import Score, make_reward
 from art_rlvr.rewards.base import RewardConfigError, RewardFn, first_error
 from art_rlvr.sources import SOURCES, SPLITS, ScenarioFileError
@@ -69,6 +70,7 @@ class Scenario:
     def messages(self, system_prompt: str | None = None) -> list[dict[str, str]]:
         return self.task.render(self, system_prompt)
 
+    @tracing.op("art_rlvr.score", inputs=tracing.score_inputs)
     async def score(self, completion: str) -> Score:
         return await self.task.score(self, completion)
 

@@ -33,6 +33,7 @@ from art_rlvr.ei.relabel import (
 )
 from art_rlvr.llm import LLMClient
 from art_rlvr.loops.rl import batch_scenarios
+from art_rlvr.observe import tracing
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_seed
 from art_rlvr.scenario import Scenario, Task
 
@@ -172,6 +173,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+@tracing.op("art_rlvr.ei.round", inputs=tracing.ei_round_inputs, output=tracing.ei_round_output)
 async def collect_round(
     model: art.Model,
     task: Task,

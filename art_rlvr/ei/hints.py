@@ -23,6 +23,7 @@ from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.records import HintAttempt, HintRecord
 from art_rlvr.leakage import leaks
 from art_rlvr.llm import LLMClient, LLMCounters, LLMError, client_for
+from art_rlvr.observe import tracing
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ def hint_messages(
     ]
 
 
+@tracing.op("art_rlvr.ei.hint", inputs=tracing.drop("client", "config"))
 async def obtain_hint(
     client: LLMClient,
     *,

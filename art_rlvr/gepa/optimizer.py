@@ -67,6 +67,7 @@ from art_rlvr.llm import (
 from art_rlvr.loops.evaluate import EvalReport, evaluate
 from art_rlvr.loops.files import RunFiles
 from art_rlvr.loops.rl import batch_scenarios
+from art_rlvr.observe import tracing
 from art_rlvr.rollouts import SamplingConfig, rollout_seed
 from art_rlvr.scenario import Scenario, Task
 
@@ -646,6 +647,11 @@ async def _merge(run: _Run, state: GEPAState) -> tuple[GEPAState, bool]:
     return _refuse(run, state, prompt, reason, kind="merge", score_after=after, **base), True
 
 
+@tracing.op(
+    "art_rlvr.gepa.iteration",
+    inputs=tracing.gepa_iteration_inputs,
+    output=tracing.gepa_iteration_output,
+)
 async def _iteration(run: _Run, state: GEPAState) -> GEPAState:
     if run.config.use_merge and state.merges_due > 0:
         state, used = await _merge(run, state)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import art
-import weave
 from pydantic import BaseModel, ConfigDict
 
+from art_rlvr.observe import tracing
 from art_rlvr.rollouts import SamplingConfig, rollout
 from art_rlvr.scenario import Scenario
 
@@ -33,7 +33,7 @@ class EvalReport(BaseModel):
         )
 
 
-@weave.op(name="art_rlvr.evaluate")
+@tracing.op("art_rlvr.evaluate", inputs=tracing.evaluate_inputs, output=tracing.evaluate_output)
 async def evaluate(
     model: art.Model,
     scenarios: Sequence[Scenario],

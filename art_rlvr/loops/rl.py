@@ -12,7 +12,7 @@ import random
 import resource
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +20,10 @@ import art
 
 from art_rlvr.loops.evaluate import EvalReport, evaluate
 from art_rlvr.loops.files import RunFiles
+from art_rlvr.observe import tracing
+from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
-from art_rlvr.scenario import Scenario, Task
+from art_rlvr.scenario import Scenario, Task, prompt_hash
 
 if TYPE_CHECKING:
     from art_rlvr.config import RunConfig
@@ -135,6 +137,55 @@ async def run_eval(
     return report
 
 
+@dataclass
+class StepOutcome:
+    groups: list[art.TrajectoryGroup]
+    stats: dict[str, float]
+    result: Any  # ART's TrainResult: .step, .metrics
+
+
+def _step_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    system = inputs.get("system_prompt")
+    return {
+        "step": inputs.get("step"),
+        "system_prompt": system,
+        "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
+    }
+
+
+def _step_output(outcome: StepOutcome) -> dict[str, Any]:
+    return {"step": outcome.result.step, **outcome.stats, "train": outcome.result.metrics}
+
+
+@tracing.op("art_rlvr.rl_step", inputs=_step_inputs, output=_step_output)
+async def rl_step(
+    ctx: RunContext, step: int, *, system_prompt: str | None, sampling: SamplingConfig
+) -> StepOutcome:
+    """One GRPO step: the batch for `step` (a pure function of seed and step), its groups of
+    rollouts, and the backend's training call on them."""
+    cfg = ctx.config
+    scenarios = batch_scenarios(ctx.task.splits["train"], cfg.groups_per_batch, cfg.seed, step)
+    groups = await gather_groups(
+        ctx.model,
+        scenarios,
+        cfg.group_size,
+        system_prompt=system_prompt,
+        sampling=sampling,
+        seed=rollout_seed(cfg.seed, step),
+        max_exceptions=cfg.max_exceptions,
+        description=f"batch {step}",
+    )
+    result = await ctx.backend.train(
+        ctx.model,
+        groups,
+        learning_rate=cfg.learning_rate,
+        loss_fn=cfg.loss_fn,
+        kl_penalty_coef=cfg.kl_penalty_coef,
+        scale_rewards=cfg.scale_rewards,
+    )
+    return StepOutcome(groups, group_metrics(groups), result)
+
+
 def eval_due(step: int, cfg: RunConfig) -> bool:
     return step == 0 or step == cfg.n_batches or step % cfg.eval_every == 0
 
@@ -163,30 +214,13 @@ async def train_until(
         if eval_at(step) and str(step) not in state["evals"]:
             report = await run_eval(ctx, step, system_prompt=system_prompt)
             state["evals"][str(step)] = report.accuracy
+            raise_alarms(ctx, state, step)
             ctx.files.write_json("state.json", state)
-        if step >= until:
+        if state.get("early_stop") or step >= until:
             return state
         began = time.monotonic()
-        scenarios = batch_scenarios(ctx.task.splits["train"], cfg.groups_per_batch, cfg.seed, step)
-        groups = await gather_groups(
-            ctx.model,
-            scenarios,
-            cfg.group_size,
-            system_prompt=system_prompt,
-            sampling=sampling,
-            seed=rollout_seed(cfg.seed, step),
-            max_exceptions=cfg.max_exceptions,
-            description=f"batch {step}",
-        )
-        stats = group_metrics(groups)
-        result = await ctx.backend.train(
-            ctx.model,
-            groups,
-            learning_rate=cfg.learning_rate,
-            loss_fn=cfg.loss_fn,
-            kl_penalty_coef=cfg.kl_penalty_coef,
-            scale_rewards=cfg.scale_rewards,
-        )
+        done = await rl_step(ctx, step, system_prompt=system_prompt, sampling=sampling)
+        groups, stats, result = done.groups, done.stats, done.result
         step = result.step
         seconds = time.monotonic() - began
         state["tokens_trained"] = state.get("tokens_trained", 0) + int(
@@ -194,6 +228,10 @@ async def train_until(
         )
         state["rollouts"] = state.get("rollouts", 0) + int(stats.get("trajectories", 0))
         state["step_seconds"] = [*state.get("step_seconds", []), round(seconds, 3)]
+        state["train_rewards"] = {
+            **state.get("train_rewards", {}),
+            str(step): stats.get("reward_mean", 0.0),
+        }
         ctx.files.write_json("state.json", state)
         ctx.files.append_metrics(
             {
@@ -209,7 +247,7 @@ async def train_until(
         await ctx.model.log(groups, metrics=result.metrics, step=step, split="train")
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
-            "loss %.4f %.1fs",
+            "loss %.4f %.1fs, ETA %s",
             step,
             until,
             stats.get("reward_mean", 0),
@@ -219,7 +257,38 @@ async def train_until(
             stats.get("frac_all_wrong", 0),
             result.metrics.get("loss", 0.0),
             seconds,
+            eta(state["step_seconds"], until - step),
         )
+
+
+def eta(step_seconds: Sequence[float], remaining: int) -> str:
+    """Time left at the median step time so far (evaluations not included)."""
+    if remaining <= 0 or not step_seconds:
+        return "0s"
+    seconds = int(statistics.median(step_seconds[-8:]) * remaining)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def raise_alarms(ctx: RunContext, state: dict[str, Any], step: int) -> None:
+    """After an evaluation: warn on reward hacking; with `patience`, decide an early stop.
+    Both land in the log, metrics.jsonl (for the report) and state.json (once each)."""
+    cfg = ctx.config
+    evals = {int(s): a for s, a in state["evals"].items()}
+    rewards = {int(s): r for s, r in state.get("train_rewards", {}).items()}
+    found = [
+        reward_hacking(evals, rewards, min_rise=cfg.alarm_reward_rise, min_drop=cfg.alarm_val_drop)
+    ]
+    if cfg.patience is not None and cfg.mode == "rl" and not cfg.with_expert_iteration:
+        found.append(plateaued(evals, cfg.patience, cfg.min_delta))
+    for alarm in (a for a in found if a is not None):
+        if alarm.kind == "early_stop":
+            log.warning("step %d: %s", step, alarm.message)
+            state["early_stop"] = alarm.model_dump()
+            ctx.files.append_metrics({"event": "early_stop", **alarm.model_dump()})
+        else:
+            log.warning("!!! step %d: %s", step, alarm.message)
+            state["alarms"] = [*state.get("alarms", []), alarm.model_dump()]
+            ctx.files.append_metrics({"event": "alarm", **alarm.model_dump()})
 
 
 def spend(state: dict[str, Any]) -> dict[str, Any]:
@@ -251,10 +320,13 @@ async def run_rl(ctx: RunContext) -> dict[str, Any]:
     step = await ctx.model.get_step()
     summary: dict[str, Any] = {
         "val_accuracy_before": evals.get("0"),
-        "val_accuracy_after": evals.get(str(cfg.n_batches)),
+        "val_accuracy_after": evals.get(str(step)),
         "steps": step,
         **spend(state),
+        "alarms": state.get("alarms", []),
     }
+    if state.get("early_stop"):
+        summary["early_stop"] = state["early_stop"]
     if cfg.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
     return summary

@@ -216,7 +216,9 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
         "evals": {},
         "curve": [],
     }
-    if state["phase"]:
+    if state["phase"] >= len(phases):
+        log.info("all %d phases of the schedule are done; finishing the summary", len(phases))
+    elif state["phase"]:
         log.info("resuming the schedule at phase %d of %d", state["phase"] + 1, len(phases))
     log.info("schedule: %s", " -> ".join(p.label for p in phases))
 

@@ -1,0 +1,299 @@
+"""Weave tracing: opt-in, never fatal, and small.
+
+`setup_weave(project)` calls `weave.init` only when a project is named, credentials exist and
+the trace server answers; otherwise it says once why tracing is off and the run goes on
+unchanged. The ops themselves (`art_rlvr.rollout`, `.score`, `.evaluate`, `.rl_step`,
+`.llm`, `.gepa.iteration`, `.ei.hint`, `.ei.round`) are declared where the work happens, with
+the `*_inputs` / `*_output` functions below choosing what a trace shows: ids, prompt hashes,
+rewards and feedback rather than model objects, whole datasets or an API key. The trainable
+model's own HTTP client is left untraced by ART (its proxy suppresses weave), so a rollout is
+one call, not two.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def weave_credentials_present() -> bool:
+    """W&B's usual places for a key: WANDB_API_KEY or ~/.netrc (read by weave itself)."""
+    from weave.trace import env
+
+    try:
+        return bool(env.weave_wandb_api_key())
+    except Exception:  # a malformed ~/.netrc is a reason to stay off, not to crash
+        return False
+
+
+def trace_server_url() -> str:
+    from weave.trace import env
+
+    return env.weave_trace_server_url()
+
+
+def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when the trace server answers `server_info`; else a short reason."""
+    import httpx
+
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/server_info", timeout=timeout_s)
+    except httpx.HTTPError as error:
+        return f"{type(error).__name__}: {error}"[:200]
+    if response.status_code >= 400:
+        return f"HTTP {response.status_code}"
+    return None
+
+
+def setup_weave(project: str | None) -> bool:
+    """Start tracing to `project` ("entity/project") if it can be done; True when on.
+
+    Never raises for an environment problem: tracing is an aid, and a multi-hour run must not
+    die (or hang on a login prompt) because W&B is unreachable."""
+    if not project:
+        log.info("weave tracing: off (set weave_project=<entity/project> to trace this run)")
+        return False
+    os.environ.pop("WEAVE_DISABLED", None)  # the CLI sets it so that imports stay quiet
+    if not weave_credentials_present():
+        log.warning(
+            "weave tracing: off: weave_project=%s but no W&B key (WANDB_API_KEY or ~/.netrc)",
+            project,
+        )
+        return False
+    url = trace_server_url()
+    reason = probe(url)
+    if reason is not None:
+        log.warning("weave tracing: off: trace server %s unreachable (%s)", url, reason)
+        return False
+    import weave
+
+    try:
+        weave.init(project, settings={"print_call_link": False})  # one link per call is noise
+    except Exception as error:  # weave's own errors vary by version; none may stop the run
+        log.warning("weave tracing: off: weave.init(%r) failed: %s", project, error)
+        return False
+    log.info("weave tracing: on, project %s, trace server %s", project, url)
+    return True
+
+
+def finish_weave() -> None:
+    """Flush what is queued so the last calls of a run are not lost at exit."""
+    import weave
+
+    client = weave.get_client()
+    if client is not None:
+        try:
+            client.flush()
+        except Exception as error:
+            log.warning("weave: flushing traces failed: %s", error)
+
+
+def tracing_active() -> bool:
+    """Whether a weave client exists (ours or one the user's notebook started)."""
+    weave = sys.modules.get("weave")
+    return weave is not None and weave.get_client() is not None
+
+
+def op(
+    name: str,
+    *,
+    inputs: Callable[[Mapping[str, Any]], Any] | None = None,
+    output: Callable[[Any], Any] | None = None,
+) -> Callable[[F], F]:
+    """`weave.op` without importing weave (3 s) until something is traced: the function runs
+    untouched while no weave client exists, and inside a weave call once one does.
+
+    The call records `inputs(arguments)` rather than the raw arguments: weave walks raw
+    arguments (to redact keys) before any postprocessing, and a scenario's record links back to
+    its whole dataset, which is both slow to walk and cyclic."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        shells: list[Callable[..., Any]] = []
+
+        def shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return dict(inputs(bound.arguments) if inputs else bound.arguments)
+
+        def shell() -> Callable[..., Any]:
+            if not shells:
+                import weave
+
+                def body(call: Callable[[], Any], shown: dict[str, Any]) -> Any:
+                    return call()
+
+                async def abody(call: Callable[[], Any], shown: dict[str, Any]) -> Any:
+                    return await call()
+
+                shells.append(
+                    weave.op(
+                        abody if inspect.iscoroutinefunction(fn) else body,
+                        name=name,
+                        postprocess_inputs=lambda i: i["shown"],
+                        postprocess_output=output,
+                        enable_code_capture=False,
+                    )
+                )
+            return shells[0]
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                if not tracing_active():
+                    return await fn(*args, **kwargs)
+                return await shell()(lambda: fn(*args, **kwargs), shown(args, kwargs))
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not tracing_active():
+                return fn(*args, **kwargs)
+            return shell()(lambda: fn(*args, **kwargs), shown(args, kwargs))
+
+        return run  # type: ignore[return-value]
+
+    return decorate
+
+
+# ---- what each op shows -------------------------------------------------------------------
+
+
+def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    from art_rlvr.scenario import prompt_hash
+
+    scenario = inputs.get("scenario")
+    messages = inputs.get("messages")
+    system = inputs.get("system_prompt")
+    sampling = inputs.get("sampling")
+    return {
+        "scenario_id": getattr(scenario, "id", None),
+        "split": getattr(scenario, "split", None),
+        "model": getattr(inputs.get("model"), "name", None),
+        "step": inputs.get("step"),
+        "system_prompt": system,
+        "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
+        "messages": messages if messages is not None else _messages(scenario, system),
+        "sampling": sampling.model_dump() if hasattr(sampling, "model_dump") else sampling,
+        "metadata": inputs.get("metadata"),
+    }
+
+
+def _messages(scenario: Any, system_prompt: str | None) -> list[dict[str, str]] | None:
+    try:
+        return scenario.messages(system_prompt)
+    except Exception:
+        return None
+
+
+def trajectory_output(trajectory: Any) -> dict[str, Any]:
+    from art_rlvr.loops.files import trajectory_row
+
+    row = trajectory_row(trajectory)
+    return {key: row[key] for key in ("completion", "reward", "feedback", "metrics", "prompt_hash")}
+
+
+def score_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    scenario = inputs.get("self")
+    return {"scenario_id": getattr(scenario, "id", None), "completion": inputs.get("completion")}
+
+
+def evaluate_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    from art_rlvr.scenario import prompt_hash
+
+    system = inputs.get("system_prompt")
+    scenarios = inputs.get("scenarios") or []
+    return {
+        "split": inputs.get("split"),
+        "n": len(scenarios),
+        "scenario_ids": [s.id for s in scenarios][:1000],
+        "system_prompt": system,
+        "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
+        "step": inputs.get("step"),
+    }
+
+
+def evaluate_output(report: Any) -> dict[str, Any]:
+    return report.model_dump(exclude={"groups"}) if hasattr(report, "model_dump") else report
+
+
+def llm_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call as the reader needs it: who asked which model what. Never the key."""
+    client = inputs.get("self")
+    settings = getattr(client, "settings", None)
+    overrides = {k: v for k, v in inputs.items() if k not in ("self", "messages")}
+    return {
+        "role": getattr(client, "label", None),
+        "model": getattr(settings, "model", None),
+        "api_base": getattr(settings, "api_base", None),
+        "messages": inputs.get("messages"),
+        **{k: v for k, v in overrides.items() if "key" not in k.lower()},
+    }
+
+
+def drop(*names: str):
+    """postprocess_inputs that leaves out `names` (objects a trace cannot show usefully)."""
+
+    def post(inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in inputs.items() if k not in names}
+
+    return post
+
+
+def gepa_iteration_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    state = inputs.get("state")
+    best = getattr(state, "best", None) if getattr(state, "candidates", None) else None
+    return {
+        "iteration": getattr(state, "iteration", None),
+        "candidates": len(getattr(state, "candidates", ())),
+        "best_prompt": getattr(best, "prompt", None),
+        "best_pareto_mean": getattr(best, "mean", None),
+    }
+
+
+def gepa_iteration_output(state: Any) -> dict[str, Any]:
+    """The proposals this iteration made, accepted or why not."""
+    iteration = getattr(state, "iteration", 0)
+    events = [
+        e.model_dump(exclude_defaults=True)
+        for e in getattr(state, "history", ())
+        if e.iteration >= iteration - 1
+    ]
+    return {"iteration": iteration, "events": events, "stop_reason": state.stop_reason}
+
+
+def ei_round_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    from art_rlvr.scenario import prompt_hash
+
+    system = inputs.get("system_prompt")
+    return {
+        "round": inputs.get("round_index"),
+        "task": getattr(inputs.get("task"), "name", None),
+        "system_prompt": system,
+        "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
+        "teacher": getattr(getattr(inputs.get("teacher"), "settings", None), "model", None),
+    }
+
+
+def ei_round_output(output: Any) -> dict[str, Any]:
+    """The round's counters and the hints it used (the examples are in the run folder)."""
+    buffer = output.buffer
+    return {
+        "round": buffer.round,
+        "stats": buffer.stats.model_dump(),
+        "examples": len(buffer.examples),
+        "hints": [h.model_dump() for h in buffer.hints],
+    }

@@ -1,0 +1,11 @@
+"""`python -m art_rlvr.report runs/<run>`: a self-contained HTML report of a run folder.
+
+Curves (reward, accuracy, group split, completion length), alarms, the prompt's evolution as
+diffs with the scores behind each change, expert-iteration counters and a browsable sample of
+trajectories; works on finished and unfinished runs of every mode.
+"""
+
+from art_rlvr.report.build import write_report
+from art_rlvr.report.data import ReportError, load_run
+
+__all__ = ["ReportError", "load_run", "write_report"]

@@ -1,0 +1,39 @@
+"""Read a run folder, draw its figures, write the page and the PNGs next to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from art_rlvr.report import plots
+from art_rlvr.report.data import RunData, load_run
+from art_rlvr.report.page import document
+
+
+def figures(run: RunData) -> dict[str, bytes]:
+    """Every figure the run has data for, in page order."""
+    train, evals, ei_rounds = run.events("train"), run.events("eval"), run.events("ei_round")
+    unit = run.step_unit
+    drawn = {
+        "curves": plots.curves(train, evals, ei_rounds, unit),
+        "groups": plots.group_fractions(train),
+        "tokens": plots.tokens(train, evals, unit),
+        "ei": plots.ei_counters(ei_rounds),
+        "gepa": plots.gepa_proposals([p for phase in run.gepa for p in phase.proposals]),
+    }
+    return {name: png for name, png in drawn.items() if png is not None}
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write `<out>/index.html` (self-contained) and `<out>/<figure>.png`; default out is
+    `<run_dir>/report`. Returns the page's path."""
+    run = load_run(run_dir)
+    out = out if out is not None else run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    images = figures(run)
+    for name, png in images.items():
+        (out / f"{name}.png").write_bytes(png)
+    page = out / "index.html"
+    tmp = page.with_name(".index.html.tmp")
+    tmp.write_text(document(run, images), encoding="utf-8")
+    tmp.replace(page)
+    return page

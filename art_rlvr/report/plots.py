@@ -1,0 +1,180 @@
+"""The report's figures: pure functions from metrics records to PNG bytes (None: nothing to
+plot). Figures are built with `matplotlib.figure.Figure` and the Agg canvas, never pyplot, so
+no global state, no display and no backend selection can leak between reports or tests."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from art_rlvr.report.data import Proposal
+
+GREEN, RED, GREY, BLUE, ORANGE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00"
+EI_COUNTERS = (
+    "clean_solved",
+    "recovered",
+    "examples_distilled",
+    "examples_from_hints",
+    "hints_generated",
+    "hints_leak_rejected",
+    "hints_dropped",
+    "teacher_errors",
+)
+
+
+def _figure(height: float = 3.4) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(9, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _series(records: Sequence[dict[str, Any]], key: str, x: str = "step") -> tuple[list, list]:
+    pairs = [(r[x], r[key]) for r in records if _is_number(r.get(x)) and _is_number(r.get(key))]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def curves(
+    train: Sequence[dict[str, Any]],
+    evals: Sequence[dict[str, Any]],
+    ei_rounds: Sequence[dict[str, Any]],
+    unit: str,
+) -> bytes | None:
+    """Train reward / accuracy per step and val / test accuracy per evaluation. Evaluations
+    keep their order: a GEPA+RL run evaluates twice at one step (before and after a prompt
+    change), which shows as a vertical segment; tagged points are labelled with their phase."""
+    val = [e for e in evals if e.get("split") == "val"]
+    test = [e for e in evals if e.get("split") == "test"]
+    if not (train or val or test or ei_rounds):
+        return None
+    fig, ax = _figure()
+    xs, ys = _series(train, "reward_mean")
+    if xs:
+        ax.plot(xs, ys, color=ORANGE, alpha=0.6, lw=3, label="train reward")
+    xs, ys = _series(train, "accuracy")
+    if xs:
+        ax.plot(xs, ys, color=BLUE, lw=1.2, label="train accuracy")
+    xs, ys = _series(ei_rounds, "clean_accuracy", "round" if unit == "round" else "step")
+    if xs:
+        ax.plot(xs, ys, "s--", color=GREY, ms=4, label="EI clean-attempt accuracy")
+    points = [e for e in val if _is_number(e.get("step")) and _is_number(e.get("accuracy"))]
+    if points:
+        xs, ys = [e["step"] for e in points], [e["accuracy"] for e in points]
+        ax.plot(xs, ys, "o-", color=GREEN, lw=2, ms=5, label="val accuracy")
+        seen: dict[float, int] = {}
+        for e in points:
+            tag = str(e.get("tag") or "").lstrip("_")
+            if tag:  # several evaluations at one step (phases) are labelled one above the other
+                row = seen[e["step"]] = seen.get(e["step"], -1) + 1
+                ax.annotate(
+                    tag,
+                    (e["step"], e["accuracy"]),
+                    xytext=(3, 5 + 9 * row),
+                    fontsize=7,
+                    textcoords="offset points",
+                )
+    xs, ys = _series(test, "accuracy")
+    if xs:
+        ax.plot(xs, ys, "*", color=RED, ms=12, label="test accuracy")
+    ax.set(xlabel=unit, ylabel="reward / accuracy", ylim=(-0.03, 1.03))
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
+def group_fractions(train: Sequence[dict[str, Any]]) -> bytes | None:
+    """Where the GRPO signal is: only mixed groups have a non-zero advantage."""
+    rows = [r for r in train if isinstance(r.get("step"), int) and "frac_mixed" in r]
+    if not rows:
+        return None
+    fig, ax = _figure(3.0)
+    steps = [r["step"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for key, colour, label in (
+        ("frac_all_correct", GREEN, "all correct"),
+        ("frac_mixed", BLUE, "mixed (learning signal)"),
+        ("frac_all_wrong", RED, "all wrong"),
+    ):
+        values = [float(r.get(key) or 0.0) for r in rows]
+        ax.bar(steps, values, bottom=bottom, color=colour, label=label, width=0.8)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(xlabel="step", ylabel="fraction of groups", ylim=(0, 1.02))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return _png(fig)
+
+
+def tokens(
+    train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], unit: str
+) -> bytes | None:
+    """Completion length: a sudden change is often the first sign of reward hacking."""
+    lines = [("train (sampled)", "-", ORANGE, _series(train, "tokens_per_completion"))]
+    for split, style, colour in (("val", "o-", GREEN), ("test", "*", RED)):
+        chosen = [e for e in evals if e.get("split") == split]
+        lines.append((f"{split} (greedy)", style, colour, _series(chosen, "tokens_per_completion")))
+    if not any(xs for *_, (xs, _) in lines):
+        return None
+    fig, ax = _figure(3.0)
+    for label, style, colour, (xs, ys) in lines:
+        if xs:
+            ax.plot(xs, ys, style, color=colour, label=label, ms=8 if style == "*" else 5)
+    ax.set(xlabel=unit, ylabel="tokens per completion")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
+def ei_counters(rounds: Sequence[dict[str, Any]]) -> bytes | None:
+    """Per-round counters of expert iteration, as grouped bars (zero counters left out)."""
+    keys = [k for k in EI_COUNTERS if any(r.get(k) for r in rounds)]
+    if not rounds or not keys:
+        return None
+    fig, ax = _figure(3.0)
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        xs = [
+            int(r.get("round", n)) + (i - (len(keys) - 1) / 2) * width for n, r in enumerate(rounds)
+        ]
+        ax.bar(xs, [float(r.get(key) or 0) for r in rounds], width=width, label=key)
+    ax.set(xlabel="EI round", ylabel="count")
+    ax.set_xticks(sorted({int(r.get("round", n)) for n, r in enumerate(rounds)}))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return _png(fig)
+
+
+def gepa_proposals(proposals: Sequence[Proposal]) -> bytes | None:
+    """Each scored proposal: its parent's minibatch mean against its own, accepted in green."""
+    scored = [p for p in proposals if p.score_before is not None and p.score_after is not None]
+    if not scored:
+        return None
+    fig, ax = _figure(3.0)
+    for n, p in enumerate(scored):
+        colour = GREEN if p.accepted else RED
+        ax.plot([n, n], [p.score_before, p.score_after], color=colour, alpha=0.6)
+        ax.plot(n, p.score_before, "o", color=GREY, ms=4)
+        ax.plot(n, p.score_after, "^", color=colour, ms=6)
+    ax.plot([], [], "o", color=GREY, label="parent (minibatch mean)")
+    ax.plot([], [], "^", color=GREEN, label="proposal, accepted")
+    ax.plot([], [], "^", color=RED, label="proposal, rejected")
+    ax.set(xlabel="scored proposal #", ylabel="minibatch mean reward", ylim=(-0.03, 1.03))
+    ax.set_xlim(-0.5, len(scored) - 0.5)
+    if len(scored) <= 20:
+        ax.set_xticks(range(len(scored)))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)

@@ -1,0 +1,134 @@
+"""A browsable sample of trajectories: the best and worst of every train step, and a few
+failures of every evaluation. "Watch your rollouts, don't blindly trust the reward": these are
+what a reader opens when a curve looks too good. Plain <details>, so no script is needed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from art_rlvr.report.data import RunData, Trajectory, TrajectoryFile, read_trajectories
+from art_rlvr.report.markup import details, esc, num, pre, section, slug
+
+MAX_TRAIN_FILES = 60  # a long run shows an even spread of its steps, first and last included
+MAX_EVAL_FILES = 30
+FAILURES_PER_EVAL = 3
+
+
+def spread(items: Sequence[TrajectoryFile], limit: int) -> list[TrajectoryFile]:
+    """At most `limit` items, evenly spaced, always keeping the first and the last."""
+    if len(items) <= limit:
+        return list(items)
+    picks = {round(i * (len(items) - 1) / (limit - 1)) for i in range(limit)}
+    return [items[i] for i in sorted(picks)]
+
+
+def best_and_worst(rows: Sequence[Trajectory]) -> list[tuple[str, Trajectory]]:
+    if not rows:
+        return []
+    best = max(rows, key=lambda t: (t.reward, t.correct))
+    worst = min(rows, key=lambda t: (t.reward, t.correct))
+    return [("best", best)] if best is worst else [("best", best), ("worst", worst)]
+
+
+def system_prompt(run: RunData) -> str | None:
+    """The system prompt the run's first recorded trajectory was rendered with."""
+    for f in run.trajectory_files:
+        for row in read_trajectories(f.path)[:1]:
+            for message in row.messages:
+                if message["role"] == "system":
+                    return message["content"]
+    return None
+
+
+def trajectory_block(t: Trajectory, label: str, id_: str) -> str:
+    tokens = t.metrics.get("completion_tokens")
+    meta = (
+        f"<b>{esc(label)}</b> &middot; scenario <code>{esc(t.scenario_id)}</code> &middot; "
+        f"reward {num(t.reward)} &middot; {'correct' if t.correct else 'wrong'}"
+        + (f" &middot; {esc(tokens)} tokens" if tokens is not None else "")
+    )
+    messages = "".join(
+        f'<div class="msg"><span class="role">{esc(m["role"])}</span>{pre(m["content"])}</div>'
+        for m in t.messages
+    )
+    metrics = ", ".join(f"{esc(k)}={esc(num(v))}" for k, v in sorted(t.metrics.items()))
+    return (
+        f'<div class="traj" id="{esc(id_)}"><p class="meta">{meta}</p>'
+        + details(f"prompt ({len(t.messages)} messages)", messages)
+        + '<p class="label">completion</p>'
+        + pre(t.completion, "completion")
+        + '<p class="label">feedback</p>'
+        + pre(t.feedback or "(none)", "feedback")
+        + f'<p class="small">metrics: {metrics or "-"}</p></div>'
+    )
+
+
+def train_samples(run: RunData) -> str:
+    files = [f for f in run.trajectory_files if f.kind == "train"]
+    if not files:
+        return ""
+    unit = run.step_unit
+    shown = spread(files, MAX_TRAIN_FILES)
+    blocks = []
+    for f in shown:
+        rows = read_trajectories(f.path)
+        picks = best_and_worst(rows)
+        if not picks:
+            continue
+        mean = sum(t.reward for t in rows) / len(rows)
+        head = (
+            f"{unit} {esc(f.index)} &middot; {len(rows)} rollouts &middot; mean reward "
+            f"{num(mean)} &middot; best {num(picks[0][1].reward)} &middot; worst "
+            f"{num(picks[-1][1].reward)}"
+        )
+        body = "".join(
+            trajectory_block(t, f"{label} of {unit} {f.index}", f"traj-{slug(f.label)}-{label}")
+            for label, t in picks
+        )
+        blocks.append(details(head, body, cls="step"))
+    note = (
+        f" ({len(shown)} of {len(files)} shown, evenly spread)" if len(shown) < len(files) else ""
+    )
+    return f"<h3>Train: best and worst rollout per {unit}{esc(note)}</h3>" + "".join(blocks)
+
+
+def eval_order(run: RunData, f: TrajectoryFile) -> tuple[int, int, str]:
+    """Evaluation files in the order they were run (metrics.jsonl), then by step and name."""
+    for n, e in enumerate(run.events("eval")):
+        tag = str(e.get("tag") or "").lstrip("_")
+        if (e.get("split"), e.get("step"), tag) == (f.kind, f.index, f.tag):
+            return (n, 0, "")
+    return (len(run.metrics), f.index if f.index is not None else -1, f.label)
+
+
+def eval_samples(run: RunData) -> str:
+    files = sorted(
+        (f for f in run.trajectory_files if f.kind in ("val", "test")),
+        key=lambda f: eval_order(run, f),
+    )
+    if not files:
+        return ""
+    shown = spread(files, MAX_EVAL_FILES)
+    blocks = []
+    for f in shown:
+        rows = read_trajectories(f.path)
+        failures = [t for t in rows if not t.correct][:FAILURES_PER_EVAL]
+        correct = sum(t.correct for t in rows)
+        where = [f.kind, f"{run.step_unit} {f.index}" if f.index is not None else "", f.tag]
+        head = (
+            f"{esc(' '.join(w for w in where if w))} &middot; {correct}/{len(rows)} correct "
+            f"&middot; {len(failures)} failure(s) shown"
+        )
+        body = "".join(
+            trajectory_block(t, "failure", f"traj-{slug(f.label)}-fail{n}")
+            for n, t in enumerate(failures)
+        )
+        blocks.append(details(head, body or "<p>No failures.</p>", cls="eval"))
+    return "<h3>Evaluations: a few failures each</h3>" + "".join(blocks)
+
+
+def trajectory_section(run: RunData) -> str:
+    body = train_samples(run) + eval_samples(run)
+    if not body:
+        body = "<p>No trajectories recorded yet.</p>"
+    return section("trajectories", "Trajectories", body)

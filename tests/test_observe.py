@@ -1,0 +1,235 @@
+"""Watching a run: Weave traces against a recording trace server on loopback, the alarms
+(reward hacking, early stop on a plateau) and the end-of-run summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from art_rlvr.observe.alarms import plateaued, reward_hacking
+from art_rlvr.run import summary_lines
+from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing.trace_server import RecordingTraceServer
+
+W_KEY = "wandb-fake-key-7f3a9c1e5b2d4f6a8c0e2b4d6f8a0c2e4b6d8f0a"  # 40+ chars, distinctive
+LLM_KEY = "sk-llm-fake-key-distinctive-4242"
+PROMPT = "You are a careful calculator. Reply with only the final number."
+
+
+@pytest.mark.parametrize(
+    ("evals", "rewards", "alarm"),
+    [
+        ({0: 0.5, 4: 0.4, 8: 0.3}, {s: 0.3 if s <= 4 else 0.6 for s in range(1, 9)}, True),
+        ({0: 0.5, 4: 0.4, 8: 0.45}, {s: 0.3 if s <= 4 else 0.6 for s in range(1, 9)}, False),
+        ({0: 0.5, 4: 0.4, 8: 0.3}, {s: 0.3 for s in range(1, 9)}, False),  # reward flat
+        ({0: 0.5, 4: 0.3}, {s: 0.1 * s for s in range(1, 5)}, False),  # nothing before step 0
+        ({0: 0.5}, {}, False),
+    ],
+)
+def test_reward_hacking_alarm(evals: dict, rewards: dict, alarm: bool) -> None:
+    found = reward_hacking(evals, rewards, min_rise=0.05, min_drop=0.05)
+    assert (found is not None) == alarm
+    if alarm:
+        assert found.step == max(evals) and "reward hacking" in found.message
+
+
+@pytest.mark.parametrize(
+    ("evals", "patience", "stop"),
+    [
+        ([0.4, 0.6, 0.58, 0.59], 2, True),
+        ([0.4, 0.6, 0.58, 0.61], 2, False),
+        ([0.4, 0.6, 0.58], 2, False),  # the best is inside the window: not a plateau yet
+        ([0.4, 0.4], 1, True),
+        ([0.4], 1, False),
+    ],
+)
+def test_plateau_early_stop(evals: list[float], patience: int, stop: bool) -> None:
+    found = plateaued({i * 4: v for i, v in enumerate(evals)}, patience)
+    assert (found is not None) == stop
+
+
+def test_summary_lines_name_the_numbers_and_the_alarms(tmp_path: Path) -> None:
+    summary = {
+        "mode": "rl",
+        "scenario": "arith",
+        "seed": 3,
+        "val_accuracy_before": 0.4,
+        "val_accuracy_after": 0.55,
+        "test_accuracy_after": 0.5,
+        "steps": 8,
+        "rollouts": 288,
+        "training_tokens": 4000,
+        "wall_seconds": 61.0,
+        "peak_rss_mb": 900.0,
+        "alarms": [{"kind": "reward_hacking", "step": 8, "message": "possible reward hacking"}],
+        "early_stop": {"kind": "early_stop", "step": 8, "message": "no progress; stopping"},
+    }
+    text = "\n".join(summary_lines(summary, tmp_path))
+    for expected in ("0.400 -> 0.550", "test acc   0.500", "288", "ALARM", "stopping"):
+        assert expected in text
+    assert f"python -m art_rlvr.report {tmp_path}" in text
+
+
+def run_cli(args: list[str], env: dict[str, str], run_dir: Path) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "art_rlvr.run", f"run_dir={run_dir}", *args]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def weave_env(trace: RecordingTraceServer | None, url: str | None = None) -> dict[str, str]:
+    """Weave pointed at loopback only: the trace server, W&B's API and no error reporting."""
+    env = {k: v for k, v in os.environ.items() if k != "WEAVE_DISABLED"}
+    base = url or (trace.url if trace else "http://127.0.0.1:9")
+    return env | {
+        "WF_TRACE_SERVER_URL": f"{base}/traces",
+        "WANDB_BASE_URL": base,
+        "WANDB_API_KEY": W_KEY,
+        "WANDB_ERROR_REPORTING": "false",
+        "OBSERVE_LLM_KEY": LLM_KEY,
+    }
+
+
+TINY_SCHEDULE = [
+    "scenario=arith",
+    "mode=gepa_rl_ei",
+    "system_prompt=Answer the question.",
+    "max_tokens=12",
+    "temperature=0",
+    "val_limit=3",
+    "eval_test=false",
+    "groups_per_batch=2",
+    "group_size=2",
+    "n_rounds=1",
+    "rl_batches_per_round=1",
+    "max_metric_calls=12",
+    "max_iterations=1",
+    "pareto_size=4",
+    "traces_per_iteration=2",
+    "rollouts_per_problem=1",
+    "min_improvement_threshold=-1",
+    "report_val_limit=0",
+    "scenarios_per_round=2",
+    "expert_samples_per_x=2",
+    "enable_teacher_hints=true",
+]
+
+
+def scripted_llm_args(server: ScriptedServer) -> list[str]:
+    return [
+        "reflection_model=openai/scripted",
+        f"reflection_api_base={server.base_url}",
+        "reflection_api_key_env=OBSERVE_LLM_KEY",
+        "teacher_model=openai/scripted",
+        f"teacher_api_base={server.base_url}",
+        "teacher_api_key_env=OBSERVE_LLM_KEY",
+    ]
+
+
+def test_weave_traces_every_kind_of_work_and_no_secret(tmp_path: Path) -> None:
+    with (
+        RecordingTraceServer() as trace,
+        ScriptedServer([], default=Step.reply(f"```\n{PROMPT}\n```")) as llm,
+    ):
+        run_cli(
+            [*TINY_SCHEDULE, *scripted_llm_args(llm), "weave_project=tester/art-rlvr"],
+            weave_env(trace),
+            tmp_path,
+        )
+        calls = trace.calls()
+        bodies = json.dumps([r.body for r in trace.requests], default=str)
+    by_name: dict[str, list[dict]] = {}
+    for call in calls:
+        by_name.setdefault(call["name"], []).append(call)
+    for name in (
+        "art_rlvr.rollout",
+        "art_rlvr.score",
+        "art_rlvr.evaluate",
+        "art_rlvr.rl_step",
+        "art_rlvr.gepa.iteration",
+        "art_rlvr.llm",
+        "art_rlvr.ei.round",
+        "art_rlvr.ei.hint",
+    ):
+        assert by_name.get(name), f"no {name} call reached the trace server: {sorted(by_name)}"
+    rollout = by_name["art_rlvr.rollout"][0]
+    assert rollout["inputs"]["scenario_id"].startswith("arith-")
+    assert rollout["inputs"]["prompt_hash"] and rollout["inputs"]["messages"]
+    assert set(rollout["output"]) >= {"completion", "reward", "feedback"}
+    # nesting: a score sits under its rollout, rollouts under a step / evaluation / round
+    ids = {c["id"]: c["name"] for c in calls}
+    assert {ids.get(c["parent_id"]) for c in by_name["art_rlvr.score"]} == {"art_rlvr.rollout"}
+    parents = {ids.get(c["parent_id"]) for c in by_name["art_rlvr.rollout"]}
+    assert parents >= {"art_rlvr.rl_step", "art_rlvr.evaluate", "art_rlvr.ei.round"}
+    llm_roles = {c["inputs"]["role"] for c in by_name["art_rlvr.llm"]}
+    assert any("reflect" in r for r in llm_roles) and any("teacher" in r for r in llm_roles)
+    step = by_name["art_rlvr.rl_step"][0]
+    assert step["output"]["step"] == 1 and "reward_mean" in step["output"]
+    # the trainable model's own client is not traced a second time (the reflector's and the
+    # teacher's HTTP calls may be: weave's litellm integration nests them under art_rlvr.llm)
+    parent = {c["id"]: c["parent_id"] for c in calls}
+
+    def ancestors(call_id: str | None) -> list[str]:
+        chain = []
+        while call_id in parent:
+            call_id = parent[call_id]
+            chain.append(ids.get(call_id))
+        return chain
+
+    http = [c for c in calls if c["name"].startswith(("openai", "litellm"))]
+    assert all("art_rlvr.llm" in ancestors(c["id"]) for c in http)
+    assert not [c for c in http if "art_rlvr.rollout" in ancestors(c["id"])]
+    assert W_KEY not in bodies and LLM_KEY not in bodies
+    assert "tracing: on" in (tmp_path / "run.log").read_text()
+
+
+def test_without_weave_project_nothing_is_sent(tmp_path: Path) -> None:
+    with RecordingTraceServer() as trace:
+        run_cli(["mode=eval", "val_limit=2", "eval_test=false"], weave_env(trace), tmp_path)
+        assert trace.requests == []
+    assert "weave tracing: off" in (tmp_path / "run.log").read_text()
+
+
+def test_an_unreachable_trace_server_is_reported_once_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    with RecordingTraceServer() as gone:
+        url = gone.url  # a loopback port that no longer answers once closed
+    done = run_cli(
+        ["mode=eval", "val_limit=2", "eval_test=false", "weave_project=tester/x"],
+        weave_env(None, url),
+        tmp_path,
+    )
+    log = (tmp_path / "run.log").read_text()
+    assert log.count("weave tracing: off: trace server") == 1 and "unreachable (" in log
+    assert json.loads((tmp_path / "summary.json").read_text())["val_accuracy_after"] is not None
+    assert "val acc" in done.stdout
+
+
+def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path) -> None:
+    args = [
+        "mode=rl",
+        "n_batches=6",
+        "eval_every=1",
+        "patience=1",
+        "learning_rate=1e-9",  # the weights barely move, so val accuracy stays flat
+        "groups_per_batch=2",
+        "group_size=2",
+        "val_limit=3",
+        "eval_test=false",
+        "max_tokens=8",
+    ]
+    env = {**os.environ}
+    done = run_cli(args, env, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["early_stop"]["step"] == 1
+    assert "stopped" in done.stdout
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "early_stop"] == [1]
+    run_cli(args, env, tmp_path)  # resuming a stopped run does not train on
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1
