@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from art_rlvr.observe.alarms import plateaued, reward_hacking
+from art_rlvr.observe.tracing import setup_weave, tracing_active
 from art_rlvr.run import summary_lines
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
@@ -188,27 +189,41 @@ def test_weave_traces_every_kind_of_work_and_no_secret(tmp_path: Path) -> None:
     assert "tracing: on" in (tmp_path / "run.log").read_text()
 
 
-def test_without_weave_project_nothing_is_sent(tmp_path: Path) -> None:
-    with RecordingTraceServer() as trace:
-        run_cli(["mode=eval", "val_limit=2", "eval_test=false"], weave_env(trace), tmp_path)
-        assert trace.requests == []
-    assert "weave tracing: off" in (tmp_path / "run.log").read_text()
-
-
-def test_an_unreachable_trace_server_is_reported_once_and_the_run_goes_on(
+@pytest.mark.parametrize(
+    ("project", "key", "server", "expected"),
+    [
+        (None, W_KEY, "up", "weave tracing: off (set weave_project"),
+        ("tester/x", None, "up", "no W&B key"),
+        ("tester/x", W_KEY, "gone", "unreachable ("),
+    ],
+)
+def test_tracing_stays_off_and_says_why_once(
+    project: str | None,
+    key: str | None,
+    server: str,
+    expected: str,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with RecordingTraceServer() as gone:
-        url = gone.url  # a loopback port that no longer answers once closed
-    done = run_cli(
-        ["mode=eval", "val_limit=2", "eval_test=false", "weave_project=tester/x"],
-        weave_env(None, url),
-        tmp_path,
-    )
-    log = (tmp_path / "run.log").read_text()
-    assert log.count("weave tracing: off: trace server") == 1 and "unreachable (" in log
-    assert json.loads((tmp_path / "summary.json").read_text())["val_accuracy_after"] is not None
-    assert "val acc" in done.stdout
+    """No project, no key or no trace server: one line says why, weave is never started."""
+    with RecordingTraceServer() as trace:
+        env = weave_env(trace)
+        if server == "gone":
+            trace.close()  # a loopback port that no longer answers
+        env = {k: v for k, v in env.items() if k != "WANDB_API_KEY" or key}
+        for name in ("WF_TRACE_SERVER_URL", "WANDB_BASE_URL", "WANDB_API_KEY", "HOME"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc either
+        with caplog.at_level("INFO", logger="art_rlvr.observe.tracing"):
+            assert setup_weave(project) is False
+        requests = trace.requests
+    lines = [r.getMessage() for r in caplog.records if "weave tracing" in r.getMessage()]
+    assert len(lines) == 1 and expected in lines[0]
+    assert not tracing_active()
+    assert server == "gone" or requests == []  # the probe is the only request ever made
 
 
 def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path) -> None:
@@ -224,8 +239,10 @@ def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path
         "eval_test=false",
         "max_tokens=8",
     ]
-    env = {**os.environ}
-    done = run_cli(args, env, tmp_path)
+    with RecordingTraceServer() as trace:  # weave is configured, but no weave_project is set
+        env = weave_env(trace)
+        done = run_cli(args, env, tmp_path)
+        assert trace.requests == []  # a run without weave_project sends nothing
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["early_stop"]["step"] == 1
     assert "stopped" in done.stdout
