@@ -186,6 +186,11 @@ def test_weave_traces_every_kind_of_work_and_no_secret(tmp_path: Path) -> None:
     assert all("art_rlvr.llm" in ancestors(c["id"]) for c in http)
     assert not [c for c in http if "art_rlvr.rollout" in ancestors(c["id"])]
     assert W_KEY not in bodies and LLM_KEY not in bodies
+    # nor in any file the run wrote: config, logs, trajectories, GEPA/EI state, checkpoints
+    files = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert any(f.suffix == ".safetensors" for f in files) and len(files) > 20
+    leaked = [f for f in files if any(k.encode() in f.read_bytes() for k in (W_KEY, LLM_KEY))]
+    assert leaked == []
     assert "tracing: on" in (tmp_path / "run.log").read_text()
 
 
