@@ -7,6 +7,8 @@ on, and attaches the scenario's reward, metrics, feedback and metadata.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 from collections.abc import Iterable
 from typing import Any
@@ -46,22 +48,25 @@ async def rollout(
     step: int | None = None,
     messages: list[dict[str, str]] | None = None,
     metadata: dict[str, Any] | None = None,
+    limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
     """One scored sample of `scenario` under `system_prompt` (or under explicit `messages`,
-    e.g. expert iteration's hinted prompt; the scenario's reward still scores it)."""
+    e.g. expert iteration's hinted prompt; the scenario's reward still scores it). `limiter`,
+    if given, is held while the request is open, not while the reward scores it."""
     messages = messages if messages is not None else scenario.messages(system_prompt)
     s = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     extra = {"seed": sampling.seed} if sampling.seed is not None else {}
-    response = await model.openai_client().chat.completions.create(
-        model=model.get_inference_name(step),
-        messages=messages,
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        stop=list(sampling.stop) or None,
-        logprobs=True,
-        **extra,
-    )
+    async with limiter if limiter is not None else contextlib.nullcontext():
+        response = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(step),
+            messages=messages,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop) or None,
+            logprobs=True,
+            **extra,
+        )
     if not response.choices:
         raise RuntimeError(f"backend returned no choices for scenario {scenario.id}")
     choice = response.choices[0]
@@ -95,8 +100,10 @@ async def rollout_group(
     system_prompt: str | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     seed: int | None = None,
+    limiter: asyncio.Semaphore | None = None,
 ) -> art.TrajectoryGroup:
-    """N rollouts of one scenario as ART's `TrajectoryGroup` (sample i gets its own seed)."""
+    """N rollouts of one scenario as ART's `TrajectoryGroup` (sample i gets its own seed);
+    each holds a slot of `limiter`, if given, while its request is open."""
     configs = [
         sampling
         if seed is None
@@ -104,7 +111,10 @@ async def rollout_group(
         for i in range(n)
     ]
     return await art.trajectory_group(
-        [rollout(model, scenario, system_prompt=system_prompt, sampling=c) for c in configs],
+        [
+            rollout(model, scenario, system_prompt=system_prompt, sampling=c, limiter=limiter)
+            for c in configs
+        ],
         metadata={"scenario_id": scenario.id},
         return_exceptions=False,
     )
@@ -120,11 +130,26 @@ async def gather_groups(
     seed: int | None = None,
     max_exceptions: int | float = 0,
     description: str = "rollouts",
+    max_in_flight: int | None = None,
 ) -> list[art.TrajectoryGroup]:
-    """Many groups at once through `art.gather_trajectory_groups` (its progress bar and limits)."""
+    """Many groups at once through `art.gather_trajectory_groups` (its progress bar and limits).
+
+    `max_in_flight` caps the requests open at once (a hosted endpoint's rate limit, a server's
+    queue); None sends every rollout at once."""
+    if max_in_flight is not None and max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
+    limiter = asyncio.Semaphore(max_in_flight) if max_in_flight is not None else None
     return await art.gather_trajectory_groups(
         (
-            rollout_group(model, sc, n, system_prompt=system_prompt, sampling=sampling, seed=seed)
+            rollout_group(
+                model,
+                sc,
+                n,
+                system_prompt=system_prompt,
+                sampling=sampling,
+                seed=seed,
+                limiter=limiter,
+            )
             for sc in scenarios
         ),
         pbar_desc=description,

@@ -10,7 +10,7 @@ import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
@@ -18,9 +18,13 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import ConfigError, RunConfig, parse_args
 from art_rlvr.loops.files import RunFiles, StateFileError
+from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.scenario import Task, load_task
 from art_rlvr.sources import ScenarioFileError
+
+if TYPE_CHECKING:
+    from art_rlvr.loops.rl import RunContext
 
 log = logging.getLogger("art_rlvr")
 
@@ -65,10 +69,38 @@ def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
     return task, files
 
 
+async def run_mode(ctx: RunContext) -> dict[str, Any]:
+    """Run (or resume) the configured mode in the run folder; the dict goes into summary.json."""
+    from art_rlvr.loops.rl import run_eval, run_rl
+
+    mode = ctx.config.mode
+    if mode == "eval":
+        step = await ctx.model.get_step()
+        report = await run_eval(ctx, step)
+        return {
+            "val_accuracy_before": report.accuracy,
+            "val_accuracy_after": report.accuracy,
+            "steps": step,
+        }
+    if mode in ("gepa_rl", "gepa_rl_ei") or (mode == "rl" and ctx.config.enable_expert_iteration):
+        from art_rlvr.loops.schedule import run_schedule
+
+        return await run_schedule(ctx)
+    if mode == "gepa":
+        from art_rlvr.loops.gepa import run_gepa
+
+        return await run_gepa(ctx, ctx.config.gepa)
+    if mode == "ei":
+        from art_rlvr.loops.ei import run_ei
+
+        return await run_ei(ctx, ctx.config.ei)
+    return await run_rl(ctx)
+
+
 async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]:
     import art
 
-    from art_rlvr.loops.rl import RunContext, peak_rss_mb, run_eval, run_rl
+    from art_rlvr.loops.rl import RunContext, peak_rss_mb
 
     setup_logging(cfg, files)
     seed_everything(cfg.seed)
@@ -94,35 +126,12 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
     model = art.TrainableModel(
         name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
     )
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
     try:
         await model.register(backend)
-        ctx = RunContext(cfg, task, backend, model, files, started)
-        if cfg.mode == "eval":
-            step = await model.get_step()
-            report = await run_eval(ctx, step)
-            result: dict[str, Any] = {
-                "val_accuracy_before": report.accuracy,
-                "val_accuracy_after": report.accuracy,
-                "steps": step,
-            }
-        elif cfg.mode in ("gepa_rl", "gepa_rl_ei") or (
-            cfg.mode == "rl" and cfg.enable_expert_iteration
-        ):
-            from art_rlvr.loops.schedule import run_schedule
-
-            result = await run_schedule(ctx)
-        elif cfg.mode == "gepa":
-            from art_rlvr.loops.gepa import run_gepa
-
-            result = await run_gepa(ctx, cfg.gepa)
-        elif cfg.mode == "ei":
-            from art_rlvr.loops.ei import run_ei
-
-            result = await run_ei(ctx, cfg.ei)
-        else:
-            result = await run_rl(ctx)
+        ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
+        result = await run_mode(ctx)
     finally:
         await backend.close()
         if tracing:

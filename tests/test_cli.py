@@ -44,6 +44,9 @@ def test_eval_writes_summary_config_and_trajectories(tmp_path: Path) -> None:
     assert len(rows) == 6 and {"completion", "reward", "feedback"} <= json.loads(rows[0]).keys()
     assert "val acc" in proc.stdout
     assert "mode: evaluation only" in (run_dir / "run.log").read_text()
+    (event,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # both clocks: CPU seconds stay comparable when the machine is shared (learning_curve.py)
+    assert event["event"] == "eval" and event["cpu_seconds"] > 0 and event["wall_seconds"] > 0
 
 
 def train_steps(run_dir: Path) -> list[int]:

@@ -1,10 +1,12 @@
 """Rollouts and groups through ART's own gather, on the real backend."""
 
 import art
+import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
 from art_rlvr.scenario import prompt_hash
+from art_rlvr.testing import ScriptedServer, Step
 
 
 async def test_rollout_records_choice_reward_and_metadata(model, task) -> None:
@@ -57,3 +59,23 @@ async def test_trajectories_tokenize_with_art(model, task, backend) -> None:
     assert list(tokenized.tokens)[: len(expected)] == expected
     sampled = [lp.logprob for lp in choice.logprobs.content]
     assert list(tokenized.logprobs)[len(expected) - len(sampled) : len(expected)] == sampled
+
+
+@pytest.mark.parametrize(("max_in_flight", "first_wave"), [(3, 3), (None, 9)])
+async def test_max_in_flight_caps_open_requests(task, max_in_flight, first_wave) -> None:
+    """Against a loopback server that takes 0.4 s a reply: with a cap of 3, nine rollouts
+    arrive three at a time; without one, all at once."""
+    with ScriptedServer([], default=Step.reply("4", delay_s=0.4)) as server:
+        model = art.Model(
+            name="capped", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        groups = await gather_groups(
+            model, task.splits["train"][:3], 3, max_in_flight=max_in_flight
+        )
+        arrivals = sorted(r.at for r in server.chat_requests)
+    assert sum(len(g.trajectories) for g in groups) == 9 and len(arrivals) == 9
+    assert sum(t < arrivals[0] + 0.3 for t in arrivals) == first_wave
+    if max_in_flight is not None:
+        with pytest.raises(ValueError, match="max_in_flight"):
+            await gather_groups(model, task.splits["train"][:1], 2, max_in_flight=0)

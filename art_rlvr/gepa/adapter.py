@@ -28,7 +28,7 @@ from gepa.core.adapter import EvaluationBatch
 
 from art_rlvr.gepa.proposal import reflective_records
 from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
-from art_rlvr.loops.files import trajectory_row
+from art_rlvr.loops.files import StateFileError, drop_torn_tail, trajectory_row
 from art_rlvr.rollouts import SamplingConfig, gather_groups
 from art_rlvr.scenario import Scenario, prompt_hash
 
@@ -58,12 +58,16 @@ class Journal:
     def load(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.exists():
             return []
+        drop_torn_tail(self.path)  # a write cut by a kill: that record never happened
         out = []
-        for line in self.path.read_text().splitlines():
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
-                continue
+                raise StateFileError(
+                    f"{self.path}:{number} is corrupt (a kill can only cut the last line, which "
+                    "is dropped); move the file away to start over, or restore it"
+                ) from None
         return out
 
 

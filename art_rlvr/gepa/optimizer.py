@@ -38,7 +38,7 @@ from typing import Any
 
 import art
 from gepa.gepa_utils import find_dominator_programs, select_program_candidate_from_pareto_front
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
 from art_rlvr.gepa.config import GEPAConfig
@@ -65,7 +65,7 @@ from art_rlvr.llm import (
     client_for,
 )
 from art_rlvr.loops.evaluate import EvalReport, evaluate
-from art_rlvr.loops.files import RunFiles
+from art_rlvr.loops.files import RunFiles, StateFileError
 from art_rlvr.loops.rl import batch_scenarios
 from art_rlvr.observe import tracing
 from art_rlvr.rollouts import SamplingConfig, rollout_seed
@@ -267,7 +267,15 @@ class GEPAFiles:
 
     def load_state(self) -> GEPAState | None:
         data = self.files.read_json("state.json") if self.files else None
-        return GEPAState.model_validate(data) if data is not None else None
+        if data is None:
+            return None
+        try:
+            return GEPAState.model_validate(data)
+        except ValidationError:
+            raise StateFileError(
+                f"{self.files.root / 'state.json'} is not a GEPA state (another mode's run?); "
+                "use a new run_dir"
+            ) from None
 
     def save(self, state: GEPAState) -> None:
         if self.files is None:

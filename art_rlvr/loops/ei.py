@@ -29,6 +29,7 @@ from art_rlvr.ei.records import EIState, RoundBuffer
 from art_rlvr.llm import LLMClient, LLMCounters
 from art_rlvr.loops.files import StateFileError
 from art_rlvr.loops.rl import RunContext, run_eval
+from art_rlvr.observe.clock import cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,7 @@ async def finish_round(
             "trained": train_metrics is not None,
             "seconds": seconds,
             "wall_seconds": time.monotonic() - ctx.started,
+            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
         }
     )
     with (ctx.files.root / "ei" / "hints.jsonl").open("a") as handle:

@@ -21,10 +21,26 @@ class StateFileError(RuntimeError):
     """A state file exists but is corrupt or truncated."""
 
 
+def drop_torn_tail(path: Path) -> bool:
+    """Cut a JSONL file back to its last complete line (a kill mid-write leaves a partial
+    record with no newline), so the next append starts a line of its own. True if cut."""
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    with path.open("r+b") as handle:
+        handle.truncate(data.rfind(b"\n") + 1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
 class RunFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self._tail_checked = False
 
     @property
     def art_path(self) -> Path:
@@ -44,8 +60,21 @@ class RunFiles:
                 f"{path} is corrupt ({error}); move it away to start over, or restore it"
             ) from None
 
+    def read_state(self, name: str, keys: set[str], kind: str) -> dict[str, Any] | None:
+        """A state dict, or None when absent; valid JSON of another shape (another mode's
+        run, a hand-edited file) is a clear error, not a KeyError deep in a loop."""
+        data = self.read_json(name)
+        if data is not None and not (isinstance(data, dict) and keys <= data.keys()):
+            raise StateFileError(
+                f"{self.root / name} is not {kind} state (another mode's run?); use a new run_dir"
+            )
+        return data
+
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One JSON line per event; fsynced so a crash keeps every finished line."""
+        if not self._tail_checked:
+            drop_torn_tail(self.root / "metrics.jsonl")
+            self._tail_checked = True
         with (self.root / "metrics.jsonl").open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True, default=float) + "\n")
             handle.flush()

@@ -18,11 +18,12 @@ from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.optimizer import run_optimizer
 from art_rlvr.gepa.records import HistoryEvent
 from art_rlvr.loops.rl import RunContext
+from art_rlvr.observe.clock import cpu_seconds
 
 log = logging.getLogger(__name__)
 
 
-def event_metrics(event: HistoryEvent, started: float) -> dict[str, Any]:
+def event_metrics(event: HistoryEvent, ctx: RunContext) -> dict[str, Any]:
     """A prompt-history event as a metrics.jsonl line (prompt text stays in the history)."""
     return {
         "event": "gepa",
@@ -37,7 +38,8 @@ def event_metrics(event: HistoryEvent, started: float) -> dict[str, Any]:
         "candidate": event.candidate,
         "reason": event.reason,
         "metric_calls": event.metric_calls,
-        "wall_seconds": time.monotonic() - started,
+        "wall_seconds": time.monotonic() - ctx.started,
+        "cpu_seconds": cpu_seconds() - ctx.cpu_started,
     }
 
 
@@ -57,7 +59,7 @@ async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
         seed_prompt=seed_prompt,
         config=gepa_config,
         run_dir=ctx.files.root / "gepa",
-        on_event=lambda e: ctx.files.append_metrics(event_metrics(e, ctx.started)),
+        on_event=lambda e: ctx.files.append_metrics(event_metrics(e, ctx)),
     )
     for name, prompt in (
         ("val_seed_prompt", result.seed_prompt),
@@ -71,6 +73,7 @@ async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
             "event": "gepa_done",
             **{k: v for k, v in summary.items() if not isinstance(v, dict | str)},
             "wall_seconds": time.monotonic() - ctx.started,
+            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
         }
     )
     log.info(

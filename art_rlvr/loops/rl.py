@@ -22,6 +22,7 @@ from art_rlvr.loops.evaluate import EvalReport, evaluate
 from art_rlvr.loops.files import RunFiles
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
+from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
 from art_rlvr.scenario import Scenario, Task, prompt_hash
 
@@ -38,7 +39,8 @@ class RunContext:
     backend: art.Backend
     model: art.TrainableModel
     files: RunFiles
-    started: float
+    started: float  # time.monotonic() at the start of this session
+    cpu_started: float = 0.0  # cpu_seconds() then; metrics events carry both clocks
 
 
 def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:
@@ -130,6 +132,7 @@ async def run_eval(
             "errors": report.errors,
             "tag": tag,
             "wall_seconds": time.monotonic() - ctx.started,
+            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
         }
     )
     ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
@@ -241,6 +244,7 @@ async def train_until(
                 **{f"train/{k}": v for k, v in result.metrics.items()},
                 "seconds": seconds,
                 "wall_seconds": time.monotonic() - ctx.started,
+                "cpu_seconds": cpu_seconds() - ctx.cpu_started,
             }
         )
         ctx.files.write_trajectories(f"train_{step:04d}", groups)
@@ -303,7 +307,7 @@ def spend(state: dict[str, Any]) -> dict[str, Any]:
 
 async def run_rl(ctx: RunContext) -> dict[str, Any]:
     cfg = ctx.config
-    state = ctx.files.read_json("state.json") or {"evals": {}}
+    state = ctx.files.read_state("state.json", {"evals"}, "an RL run's") or {"evals": {}}
     step = await ctx.model.get_step()
     if step > cfg.n_batches:
         raise RuntimeError(f"{ctx.files.root} is at step {step}, past n_batches={cfg.n_batches}")

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.loops.rl import RunContext, run_eval, spend, train_until
+from art_rlvr.observe.clock import cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ async def gepa_phase(
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",
         on_event=lambda e: ctx.files.append_metrics(
-            {**event_metrics(e, ctx.started), "round": phase.round}
+            {**event_metrics(e, ctx), "round": phase.round}
         ),
         carry=state.get("frontier", []),
     )
@@ -190,6 +191,7 @@ async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict
             **stats,
             **{f"train/{k}": v for k, v in (metrics or {}).items()},
             "wall_seconds": time.monotonic() - ctx.started,
+            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
         }
     )
     totals = state.get("ei_totals", {})
@@ -210,7 +212,8 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
         skip_first_gepa=cfg.skip_first_gepa,
         expert_iteration=cfg.with_expert_iteration,
     )
-    state: dict[str, Any] = ctx.files.read_json("state.json") or {
+    keys = {"phase", "prompt", "evals", "curve"}
+    state: dict[str, Any] = ctx.files.read_state("state.json", keys, "a schedule's") or {
         "phase": 0,
         "prompt": initial_prompt(ctx),
         "evals": {},

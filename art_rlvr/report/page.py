@@ -53,7 +53,7 @@ SUMMARY_KEYS = (
     ("recovered by hints", "recovered"),
     ("peak RSS MB", "peak_rss_mb"),
 )
-EI_SKIP = {"event", "round", "step", "wall_seconds", "seconds", "seconds_sampling",
+EI_SKIP = {"event", "round", "step", "wall_seconds", "cpu_seconds", "seconds", "seconds_sampling",
            "seconds_teacher"}  # fmt: skip
 
 CAPTIONS = {

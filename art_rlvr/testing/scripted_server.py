@@ -217,6 +217,12 @@ def _handler(script: _Script) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: a burst of concurrent clients would see
+    # dropped SYNs and one-second connect retries, which is not what a test should measure
+    request_queue_size = 256
+
+
 class ScriptedServer:
     """`with ScriptedServer([Step.reply("..."), ...]) as server:` then point a client at
     `server.base_url`. With `replay_identical`, a request whose messages were seen before gets
@@ -230,7 +236,7 @@ class ScriptedServer:
         replay_identical: bool = False,
     ) -> None:
         self._script = _Script(list(steps), default, replay_identical)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self._script))
+        self._server = _Server(("127.0.0.1", 0), _handler(self._script))
         self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(
