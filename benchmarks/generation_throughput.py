@@ -3,7 +3,8 @@ next to plain transformers `generate` at batch 1 on the same weights, in the sam
 
     uv run python benchmarks/generation_throughput.py [--tokens 48] [--repeats 3]
 
-Prints one line per setting with the median over repeats and the ratio to HF batch-1.
+Prints one line per setting: the median rate over repeats and the median of the per-repeat
+ratios to HF batch-1 (each repeat measures the baseline next to the runs it divides).
 Every request is forced to produce exactly `--tokens` tokens (no early stop), so tokens/s
 compare like with like.
 """
@@ -83,21 +84,29 @@ async def main() -> None:
         )
         await model.register(backend)
         await http_rate(model, 2, 8)  # warm-up
-        hf = statistics.median([hf_rate(backend, args.tokens) for _ in range(args.repeats)])
-        print(f"hf_generate batch=1: {hf:.1f} tokens/s (median of {args.repeats})")
-        for c in args.concurrency:
-            rates = [await http_rate(model, c, args.tokens) for _ in range(args.repeats)]
-            rate = statistics.median(rates)
-            print(
-                f"torch_backend http concurrency={c} distinct prompts: {rate:.1f} tokens/s, ratio vs hf batch-1 {rate / hf:.2f}x"
-            )
-        c = max(args.concurrency)
-        rate = statistics.median(
-            [await http_rate(model, c, args.tokens, shared=True) for _ in range(args.repeats)]
-        )
+        settings = [(c, False) for c in args.concurrency] + [(max(args.concurrency), True)]
+        rates: dict[tuple[int, bool], list[float]] = {k: [] for k in settings}
+        ratios: dict[tuple[int, bool], list[float]] = {k: [] for k in settings}
+        hf_rates = []
+        for _ in range(args.repeats):  # interleaved: each ratio is against its own baseline
+            hf = hf_rate(backend, args.tokens)
+            hf_rates.append(hf)
+            for c, shared in settings:
+                rate = await http_rate(model, c, args.tokens, shared=shared)
+                rates[(c, shared)].append(rate)
+                ratios[(c, shared)].append(rate / hf)
         print(
-            f"torch_backend http concurrency={c} one shared prompt (a GRPO group): {rate:.1f} tokens/s, ratio vs hf batch-1 {rate / hf:.2f}x"
+            f"hf_generate batch=1: {statistics.median(hf_rates):.1f} tokens/s "
+            f"(median of {args.repeats}, each repeat measured next to the runs it divides)"
         )
+        for (c, shared), values in rates.items():
+            what = "one shared prompt (a GRPO group)" if shared else "distinct prompts"
+            print(
+                f"torch_backend http concurrency={c} {what}: "
+                f"{statistics.median(values):.1f} tokens/s, ratio vs hf batch-1 "
+                f"{statistics.median(ratios[(c, shared)]):.2f}x "
+                f"(repeats {', '.join(f'{r:.2f}' for r in ratios[(c, shared)])})"
+            )
         await backend.close()
 
 

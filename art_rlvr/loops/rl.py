@@ -162,10 +162,16 @@ def _step_output(outcome: StepOutcome) -> dict[str, Any]:
 
 @tracing.op("art_rlvr.rl_step", inputs=_step_inputs, output=_step_output)
 async def rl_step(
-    ctx: RunContext, step: int, *, system_prompt: str | None, sampling: SamplingConfig
+    ctx: RunContext,
+    step: int,
+    *,
+    system_prompt: str | None,
+    sampling: SamplingConfig,
+    before_train: Callable[[list[art.TrajectoryGroup], dict[str, float]], None] | None = None,
 ) -> StepOutcome:
     """One GRPO step: the batch for `step` (a pure function of seed and step), its groups of
-    rollouts, and the backend's training call on them."""
+    rollouts, and the backend's training call on them (`before_train` sees the groups first,
+    so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
     scenarios = batch_scenarios(ctx.task.splits["train"], cfg.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
@@ -178,6 +184,9 @@ async def rl_step(
         max_exceptions=cfg.max_exceptions,
         description=f"batch {step}",
     )
+    stats = group_metrics(groups)
+    if before_train is not None:
+        before_train(groups, stats)
     result = await ctx.backend.train(
         ctx.model,
         groups,
@@ -186,7 +195,7 @@ async def rl_step(
         kl_penalty_coef=cfg.kl_penalty_coef,
         scale_rewards=cfg.scale_rewards,
     )
-    return StepOutcome(groups, group_metrics(groups), result)
+    return StepOutcome(groups, stats, result)
 
 
 def eval_due(step: int, cfg: RunConfig) -> bool:
@@ -213,6 +222,14 @@ async def train_until(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
     )
     state.setdefault("evals", {})
+    if state.get("pending") is not None:
+        state = recover_pending(ctx, state, step)
+
+    def stage(groups: list[art.TrajectoryGroup], stats: dict[str, float]) -> None:
+        ctx.files.write_trajectories(PENDING, groups)
+        state["pending"] = {"from_step": step, "stats": stats}
+        ctx.files.write_json("state.json", state)
+
     while True:
         if eval_at(step) and str(step) not in state["evals"]:
             report = await run_eval(ctx, step, system_prompt=system_prompt)
@@ -222,32 +239,13 @@ async def train_until(
         if state.get("early_stop") or step >= until:
             return state
         began = time.monotonic()
-        done = await rl_step(ctx, step, system_prompt=system_prompt, sampling=sampling)
+        done = await rl_step(
+            ctx, step, system_prompt=system_prompt, sampling=sampling, before_train=stage
+        )
         groups, stats, result = done.groups, done.stats, done.result
         step = result.step
         seconds = time.monotonic() - began
-        state["tokens_trained"] = state.get("tokens_trained", 0) + int(
-            result.metrics.get("tokens", 0)
-        )
-        state["rollouts"] = state.get("rollouts", 0) + int(stats.get("trajectories", 0))
-        state["step_seconds"] = [*state.get("step_seconds", []), round(seconds, 3)]
-        state["train_rewards"] = {
-            **state.get("train_rewards", {}),
-            str(step): stats.get("reward_mean", 0.0),
-        }
-        ctx.files.write_json("state.json", state)
-        ctx.files.append_metrics(
-            {
-                "event": "train",
-                "step": step,
-                **stats,
-                **{f"train/{k}": v for k, v in result.metrics.items()},
-                "seconds": seconds,
-                "wall_seconds": time.monotonic() - ctx.started,
-                "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-            }
-        )
-        ctx.files.write_trajectories(f"train_{step:04d}", groups)
+        state = record_step(ctx, state, step, stats, result.metrics, seconds)
         await ctx.model.log(groups, metrics=result.metrics, step=step, split="train")
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
@@ -263,6 +261,66 @@ async def train_until(
             seconds,
             eta(state["step_seconds"], until - step),
         )
+
+
+PENDING = "train_pending"  # the batch being trained: its trajectories, until the step lands
+
+
+def record_step(
+    ctx: RunContext,
+    state: dict[str, Any],
+    step: int,
+    stats: dict[str, float],
+    train_metrics: dict[str, float],
+    seconds: float,
+) -> dict[str, Any]:
+    """Book a finished step: its metrics line (once), its trajectories, then the state without
+    the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
+    if not any(r.get("event") == "train" and r.get("step") == step for r in ctx.files.metrics()):
+        ctx.files.append_metrics(
+            {
+                "event": "train",
+                "step": step,
+                **stats,
+                **{f"train/{k}": v for k, v in train_metrics.items()},
+                "seconds": seconds,
+                "wall_seconds": time.monotonic() - ctx.started,
+                "cpu_seconds": cpu_seconds() - ctx.cpu_started,
+            }
+        )
+    pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
+    if pending.exists():
+        pending.replace(pending.with_name(f"train_{step:04d}.jsonl"))
+    state = {
+        **state,
+        "pending": None,
+        "tokens_trained": state.get("tokens_trained", 0) + int(train_metrics.get("tokens", 0)),
+        "rollouts": state.get("rollouts", 0) + int(stats.get("trajectories", 0)),
+        "step_seconds": [*state.get("step_seconds", []), round(seconds, 3)],
+        "train_rewards": {
+            **state.get("train_rewards", {}),
+            str(step): stats.get("reward_mean", 0.0),
+        },
+    }
+    ctx.files.write_json("state.json", state)
+    return state
+
+
+def recover_pending(ctx: RunContext, state: dict[str, Any], step: int) -> dict[str, Any]:
+    """A kill came while a batch was being trained. If its checkpoint landed, book the step
+    from the saved batch (the backend's loss and token count for it are lost, and said so);
+    if not, forget it: the batch is a pure function of (seed, step) and is drawn again."""
+    pending = state["pending"]
+    if step <= pending["from_step"]:
+        log.info("resuming: the batch for step %d had not trained; drawing it again", step + 1)
+        return {**state, "pending": None}
+    log.warning(
+        "resuming: step %d had trained before the kill; booking it from its saved batch "
+        "(its loss and token count are lost)",
+        step,
+    )
+    stats = {**pending["stats"], "recovered_after_kill": 1.0}
+    return record_step(ctx, state, step, stats, {}, 0.0)
 
 
 def eta(step_seconds: Sequence[float], remaining: int) -> str:

@@ -235,7 +235,8 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
 
     await record("start", await ctx.model.get_step())
     for index, phase in enumerate(phases):
-        if index < state["phase"]:
+        if index < state["phase"]:  # done; its evaluation too, unless a kill came between
+            await record(phase.label, await ctx.model.get_step())
             continue
         log.info(
             "phase %d/%d: %s (s: %s)",

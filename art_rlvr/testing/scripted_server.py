@@ -33,13 +33,13 @@ class Step(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     action: Action = "reply"
-    text: str = ""
+    text: str | None = ""  # None: a null `content`, as some servers send for "nothing"
     status: int = Field(default=200, ge=100, le=599)
     retry_after: float | None = Field(default=None, ge=0)
     delay_s: float = Field(default=0.0, ge=0)
 
     @classmethod
-    def reply(cls, text: str, *, delay_s: float = 0.0) -> Step:
+    def reply(cls, text: str | None, *, delay_s: float = 0.0) -> Step:
         return cls(action="reply", text=text, delay_s=delay_s)
 
     @classmethod
