@@ -3,6 +3,8 @@ next to plain transformers `generate` at batch 1 on the same weights, in the sam
 
     uv run python benchmarks/generation_throughput.py [--tokens 48] [--repeats 3]
 
+With llama-cpp-python installed (optional), also llama.cpp's single-stream rate on the GGUF.
+
 Prints one line per setting: the median rate over repeats and the median of the per-repeat
 ratios to HF batch-1 (each repeat measures the baseline next to the runs it divides).
 Every request is forced to produce exactly `--tokens` tokens (no early stop), so tokens/s
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -21,6 +24,7 @@ import art
 import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
+from art_rlvr.backend.model_source import embedded_gguf_path
 
 SUBJECTS = ["a lighthouse keeper", "a baker", "a lost cat", "a robot", "a river", "a violinist",
             "a glacier", "a chess player", "a kite", "a miner", "an owl", "a ferry", "a comet",
@@ -53,6 +57,26 @@ async def http_rate(
     started = time.perf_counter()
     counts = await asyncio.gather(*[one(i) for i in range(concurrency)])
     return sum(counts) / (time.perf_counter() - started)
+
+
+def llama_cpp_rate(tokens: int, repeats: int) -> float | None:
+    """llama.cpp's single-stream rate on the same GGUF file (Q4_1), when llama-cpp-python is
+    installed (optional: `uv pip install llama-cpp-python`, a ~5 minute compile); else None."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    path = embedded_gguf_path(DEFAULT_BASE_MODEL.removeprefix("embedded:"))
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=os.cpu_count(), verbose=False)
+    rates = []
+    for i in range(repeats):
+        started = time.perf_counter()
+        out = llm.create_chat_completion(
+            messages=PROMPT, max_tokens=tokens, temperature=1.0, seed=i,
+            logit_bias={2: -100.0},  # no end-of-sequence: exactly `tokens` tokens, like ours
+        )  # fmt: skip
+        rates.append(out["usage"]["completion_tokens"] / (time.perf_counter() - started))
+    return statistics.median(rates)
 
 
 def hf_rate(backend: TorchBackend, tokens: int) -> float:
@@ -108,6 +132,16 @@ async def main() -> None:
                 f"(repeats {', '.join(f'{r:.2f}' for r in ratios[(c, shared)])})"
             )
         await backend.close()
+    llama = llama_cpp_rate(args.tokens, args.repeats)
+    best = statistics.median(rates[(max(args.concurrency), False)])
+    if llama is None:
+        print("llama.cpp: llama-cpp-python not installed; comparison skipped")
+    else:
+        print(
+            f"llama.cpp single stream on the same GGUF: {llama:.1f} tokens/s; torch_backend at "
+            f"concurrency={max(args.concurrency)} / llama.cpp: {best / llama:.2f}x "
+            "(measured after, not interleaved: llama.cpp needs the cores to itself)"
+        )
 
 
 if __name__ == "__main__":
