@@ -3,7 +3,8 @@ next to plain transformers `generate` at batch 1 on the same weights, in the sam
 
     uv run python benchmarks/generation_throughput.py [--tokens 48] [--repeats 3]
 
-With llama-cpp-python installed (optional), also llama.cpp's single-stream rate on the GGUF.
+With `--llama-python PATH` (an interpreter that has llama-cpp-python, which is optional), also
+llama.cpp's single-stream rate on the same GGUF file, measured after the rest.
 
 Prints one line per setting: the median rate over repeats and the median of the per-repeat
 ratios to HF batch-1 (each repeat measures the baseline next to the runs it divides).
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -59,24 +63,34 @@ async def http_rate(
     return sum(counts) / (time.perf_counter() - started)
 
 
-def llama_cpp_rate(tokens: int, repeats: int) -> float | None:
-    """llama.cpp's single-stream rate on the same GGUF file (Q4_1), when llama-cpp-python is
-    installed (optional: `uv pip install llama-cpp-python`, a ~5 minute compile); else None."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
+LLAMA_CPP = """
+import json, statistics, sys, time
+from llama_cpp import Llama
+path, tokens, repeats, threads, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+llm = Llama(model_path=path, n_ctx=512, n_threads=threads, verbose=False)
+rates = []
+for i in range(repeats):
+    started = time.perf_counter()
+    out = llm.create_chat_completion(messages=prompt, max_tokens=tokens, temperature=1.0, seed=i,
+                                     logit_bias={2: -100.0})  # no end-of-sequence: `tokens` exactly
+    rates.append(out["usage"]["completion_tokens"] / (time.perf_counter() - started))
+print(statistics.median(rates))
+"""
+
+
+def llama_cpp_rate(python: str, tokens: int, repeats: int) -> float | None:
+    """llama.cpp's single-stream rate on the same GGUF file (Q4_1), run by `python`: an
+    interpreter with llama-cpp-python, which the project does not install (it is optional and
+    compiles in ~5 min; e.g. `uv venv /tmp/llama && uv pip install --python /tmp/llama/bin/python
+    llama-cpp-python`). None when that interpreter cannot import it."""
     path = embedded_gguf_path(DEFAULT_BASE_MODEL.removeprefix("embedded:"))
-    llm = Llama(model_path=str(path), n_ctx=512, n_threads=os.cpu_count(), verbose=False)
-    rates = []
-    for i in range(repeats):
-        started = time.perf_counter()
-        out = llm.create_chat_completion(
-            messages=PROMPT, max_tokens=tokens, temperature=1.0, seed=i,
-            logit_bias={2: -100.0},  # no end-of-sequence: exactly `tokens` tokens, like ours
-        )  # fmt: skip
-        rates.append(out["usage"]["completion_tokens"] / (time.perf_counter() - started))
-    return statistics.median(rates)
+    args = [str(path), str(tokens), str(repeats), str(os.cpu_count()), json.dumps(PROMPT)]
+    done = subprocess.run([python, "-c", LLAMA_CPP, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        if "No module named 'llama_cpp'" in done.stderr:
+            return None
+        raise RuntimeError(f"llama.cpp run failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
 
 
 def hf_rate(backend: TorchBackend, tokens: int) -> float:
@@ -100,6 +114,9 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--llama-python", default=sys.executable, help="an interpreter with llama-cpp-python"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         backend = TorchBackend(path=tmp)
@@ -132,10 +149,10 @@ async def main() -> None:
                 f"(repeats {', '.join(f'{r:.2f}' for r in ratios[(c, shared)])})"
             )
         await backend.close()
-    llama = llama_cpp_rate(args.tokens, args.repeats)
+    llama = llama_cpp_rate(args.llama_python, args.tokens, args.repeats)
     best = statistics.median(rates[(max(args.concurrency), False)])
     if llama is None:
-        print("llama.cpp: llama-cpp-python not installed; comparison skipped")
+        print(f"llama.cpp: {args.llama_python} cannot import llama_cpp; comparison skipped")
     else:
         print(
             f"llama.cpp single stream on the same GGUF: {llama:.1f} tokens/s; torch_backend at "
