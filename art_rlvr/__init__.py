@@ -7,6 +7,9 @@ reject a bad config key before paying that.
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
+# weave (imported by ART) reports errors and a session to sentry.io at exit unless this is
+# false; a run talks to nothing the user did not name. Set it to true to opt back in.
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 
 from art_rlvr._lazy import lazy_exports
 

@@ -8,7 +8,7 @@ import os
 import random
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,10 +152,17 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
     return summary
 
 
+def _package_version(name: str) -> str:
+    """A package's version; a checkout run from source (PYTHONPATH, no install) has none."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed (run from source)"
+
+
 def _versions() -> dict[str, str]:
-    return {
-        pkg: version(pkg) for pkg in ("openpipe-art", "torch", "transformers", "peft", "art-rlvr")
-    }
+    names = ("openpipe-art", "torch", "transformers", "peft", "art-rlvr")
+    return {name: _package_version(name) for name in names}
 
 
 def summary_lines(summary: dict[str, Any], directory: Path) -> list[str]:

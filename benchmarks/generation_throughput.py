@@ -98,7 +98,7 @@ def hf_rate(backend: TorchBackend, tokens: int) -> float:
     ids = base.tokenizer.apply_chat_template(
         PROMPT, add_generation_prompt=True, return_tensors="pt"
     )
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    ids = (ids["input_ids"] if hasattr(ids, "keys") else ids).to(base.model.device)
     with base.lock, torch.inference_mode(), base.model.disable_adapter():
         started = time.perf_counter()
         out = base.model.generate(
@@ -124,6 +124,7 @@ async def main() -> None:
             name="bench", project="bench", run_name="bench", base_model=DEFAULT_BASE_MODEL
         )
         await model.register(backend)
+        print(f"device: {backend.device} ({backend.dtype})")
         await http_rate(model, 2, 8)  # warm-up
         settings = [(c, False) for c in args.concurrency] + [(max(args.concurrency), True)]
         rates: dict[tuple[int, bool], list[float]] = {k: [] for k in settings}

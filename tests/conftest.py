@@ -8,6 +8,7 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("WEAVE_DISABLED", "true")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # `import art` below may load weave first
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub (only 127.0.0.1)
 
 import art

@@ -105,3 +105,72 @@ def test_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_cli(*TINY, "n_batches=1", f"run_dir={run_dir}")
     assert proc.returncode == 2
     assert "state.json is corrupt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+LOOPBACK_ONLY = Path(__file__).parent / "scripts" / "loopback_only.py"
+
+
+def test_the_guard_blocks_and_records_a_lookup_elsewhere(tmp_path: Path) -> None:
+    """The guard below is only worth something if it catches a name that is not loopback."""
+    log = tmp_path / "outbound.log"
+    code = "import socket\ntry:\n    socket.getaddrinfo('example.invalid', 443)\nexcept ConnectionRefusedError:\n    print('refused')\nsocket.getaddrinfo('127.0.0.1', 80)"
+    proc = subprocess.run(
+        [sys.executable, str(LOOPBACK_ONLY), str(log), "-c", code], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "refused"
+    assert log.read_text().splitlines() == ["socket.getaddrinfo example.invalid"]
+
+
+WEAVE_REPORT = """
+import art_rlvr  # sets the default before weave is imported
+from weave.telemetry.trace_sentry import global_trace_sentry as reporter
+reporter.exception(RuntimeError("a failure weave would report"))
+reporter.end_session()
+"""
+
+
+@pytest.mark.parametrize(
+    "setting, reported",
+    [(None, False), ("false", False), ("true", True)],  # true: the user opted in
+)
+def test_weave_error_reports_stay_on_the_machine_unless_opted_in(
+    tmp_path: Path, setting: str | None, reported: bool
+) -> None:
+    """weave, which ART imports, sends errors and a session to sentry.io; art_rlvr turns that
+    off by default (WANDB_ERROR_REPORTING=false). The guard refuses the lookup either way."""
+    log = tmp_path / "outbound.log"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_ERROR_REPORTING"}
+    if setting is not None:
+        env["WANDB_ERROR_REPORTING"] = setting
+    proc = subprocess.run(
+        [sys.executable, str(LOOPBACK_ONLY), str(log), "-c", WEAVE_REPORT],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = log.read_text().splitlines() if log.exists() else []
+    assert bool(lines) == reported, lines
+    assert all("sentry.io" in line for line in lines)
+
+
+def test_a_run_connects_to_loopback_only(tmp_path: Path) -> None:
+    """A training run, from import to exit, looks up and connects to nothing but 127.0.0.1."""
+    log, run_dir = tmp_path / "outbound.log", tmp_path / "rl"
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_ERROR_REPORTING"}
+    proc = subprocess.run(
+        [sys.executable, str(LOOPBACK_ONLY), str(log), "-m", "art_rlvr.run",
+         *TINY, "n_batches=1", f"run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
+    assert not log.exists(), log.read_text()
+
+
+def test_versions_of_a_checkout_run_from_source_are_recorded_not_fatal() -> None:
+    """config.json records package versions; run from a checkout on PYTHONPATH (as on the GPU
+    machine) art-rlvr has no installed metadata, which used to stop the run."""
+    from art_rlvr.run import _package_version
+
+    assert _package_version("no-such-distribution-art-rlvr") == "not installed (run from source)"
+    assert _package_version("pydantic")[0].isdigit()

@@ -2,6 +2,7 @@
 
 import art
 import pytest
+import torch
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
@@ -33,7 +34,7 @@ async def test_custom_system_prompt_changes_hash(model, task) -> None:
     assert t.metadata["prompt_hash"] == prompt_hash("Just digits.")
 
 
-async def test_group_and_gather_with_seeds(model, task) -> None:
+async def test_group_and_gather_with_seeds(model, task, backend) -> None:
     scenarios = task.splits["train"][:3]
     sampling = SamplingConfig(max_tokens=16, temperature=1.0)
     groups = await gather_groups(model, scenarios, 4, sampling=sampling, seed=7)
@@ -44,6 +45,11 @@ async def test_group_and_gather_with_seeds(model, task) -> None:
         [t.messages_and_choices[-1].model_extra["token_ids"] for t in g.trajectories]
         for g in (groups[0], again)
     ]
+    if backend.dtype != torch.float32:
+        pytest.skip(
+            "seeded sampling repeats exactly in fp32 (CPU); bf16 logits on CUDA depend on what "
+            "else is in the batch, so a group sampled alone and inside a gather can differ"
+        )
     assert tokens[0] == tokens[1]
 
 

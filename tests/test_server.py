@@ -83,6 +83,13 @@ async def test_32_concurrent_requests_are_batched(model, backend) -> None:
     assert time.perf_counter() - started < 120
 
 
+def logprob_tolerance(backend) -> float:
+    """fp32 on CPU agrees to 2e-3 whatever the batch; bf16 on CUDA does not: its kernels
+    depend on the batch's shape, and an H100 gave up to 0.067 between a prompt alone and the
+    same prompt batched with others."""
+    return 2e-3 if backend.dtype == torch.float32 else 0.15
+
+
 async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(model, backend):
     """Distinct prompts that share a system prompt, sent together: the shared prefix is run
     once (the engine counts the tokens it skipped) and every greedy completion and its
@@ -99,7 +106,7 @@ async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(mode
     for a, b in zip(alone, together, strict=True):
         assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
         assert [t.logprob for t in a.choices[0].logprobs.content] == pytest.approx(
-            [t.logprob for t in b.choices[0].logprobs.content], abs=2e-3
+            [t.logprob for t in b.choices[0].logprobs.content], abs=logprob_tolerance(backend)
         )
 
 

@@ -125,6 +125,40 @@ async def test_sft_masks_only_assistant_tokens(backend) -> None:
 
 
 @pytest.mark.parametrize(
+    "lengths", [[5, 5], [1, 6], [2, 7, 4], [9]], ids=["equal", "one-token", "three", "single"]
+)
+def test_the_training_mask_leaves_no_query_blind_and_hides_pads(lengths) -> None:
+    """Every position sees itself (a fully masked left-pad row gave NaN gradients under SDPA
+    on CUDA); real tokens see exactly their causal prefix and never a pad."""
+    from art_rlvr.backend.train import _left_pad, padded_causal_bias
+
+    _, attention = _left_pad([[7] * n for n in lengths], pad=0)
+    allowed = padded_causal_bias(attention, torch.float32)[:, 0] == 0
+    width = attention.shape[1]
+    assert allowed.diagonal(dim1=1, dim2=2).all()
+    for row, n in enumerate(lengths):
+        real = slice(width - n, width)
+        expected = torch.ones(n, n, dtype=torch.bool).tril()
+        assert torch.equal(allowed[row, real, real], expected)
+        assert not allowed[row, real, : width - n].any()
+
+
+async def test_batched_training_logprobs_match_each_row_alone(backend) -> None:
+    """The padded batch the GRPO step sees gives each row the logprobs it has alone."""
+    from art_rlvr.backend.train import completion_logprobs
+
+    base = next(iter(backend._bases.values()))
+    prompts = [list(range(100, 100 + n)) for n in (30, 12, 21)]
+    completions = [list(range(500, 500 + n)) for n in (3, 17, 9)]
+    with base.lock, torch.no_grad(), base.model.disable_adapter():
+        batched, mask = completion_logprobs(base.model, prompts, completions, pad=2)
+        for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            alone, _ = completion_logprobs(base.model, [p], [c], pad=2)
+            assert int(mask[row].sum()) == len(c)
+            assert torch.allclose(batched[row, -len(c) :], alone[0], atol=1e-4)
+
+
+@pytest.mark.parametrize(
     ("case", "error", "message"),
     [
         ("empty", TrainingDataError, "no trajectory groups"),

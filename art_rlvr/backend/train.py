@@ -139,22 +139,38 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
+def padded_causal_bias(attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask [B, 1, N, N]: causal, pad keys hidden, and every position allowed to
+    see itself. With a plain 2D mask a left-pad query sees nothing; SDPA's CUDA backward then
+    returns NaN gradients for some batch shapes (1 in 150 random bf16 batches on an H100, 0
+    with this mask or eager attention), which stopped a GPU run at a non-finite step."""
+    n = attention.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=attention.device).tril()
+    allowed = causal[None, None] & attention.bool()[:, None, None, :]
+    allowed |= torch.eye(n, dtype=torch.bool, device=attention.device)[None, None]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=attention.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def completion_logprobs(
     model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each completion token under `model`: ([B, K], mask [B, K]), right-aligned."""
-    device = next(model.parameters()).device
+    weights = model.get_input_embeddings().weight
     ids, attention = _left_pad([p + c for p, c in zip(prompts, completions, strict=True)], pad)
-    ids, attention = ids.to(device), attention.to(device)
+    ids, attention = ids.to(weights.device), attention.to(weights.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     k = max(len(c) for c in completions)
     logits = model(
-        input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=k + 1
+        input_ids=ids,
+        attention_mask=padded_causal_bias(attention, weights.dtype),
+        position_ids=positions,
+        logits_to_keep=k + 1,
     ).logits[:, :-1, :]
     targets = ids[:, -k:]
     logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]
-    mask = torch.tensor([[0] * (k - len(c)) + [1] * len(c) for c in completions], device=device)
-    return logps, mask.bool()
+    mask = [[0] * (k - len(c)) + [1] * len(c) for c in completions]
+    return logps, torch.tensor(mask, device=weights.device).bool()
 
 
 def policy_loss(
