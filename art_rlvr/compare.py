@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from art_rlvr.records import RunSummary
+
 ORDER = (
     "baseline (eval)",
     "RL-only (fixed prompt)",
@@ -70,18 +72,17 @@ def load_run(path: Path) -> RunRecord | None:
     summary_path, config_path = path / "summary.json", path / "config.json"
     if not summary_path.is_file() or not config_path.is_file():
         return None
-    summary = json.loads(summary_path.read_text())
+    summary = RunSummary.model_validate_json(summary_path.read_text())
     config = json.loads(config_path.read_text())
     values: dict[str, float | None] = {
-        key: _number(summary.get(key)) for _, key, _ in COLUMNS if key != "wall_minutes"
+        key: _number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
     }
-    wall = _number(summary.get("wall_seconds"))
-    values["wall_minutes"] = wall / 60 if wall is not None else None
+    values["wall_minutes"] = summary.wall_seconds / 60 if summary.wall_seconds else None
     return RunRecord(
         path=path,
         ablation=ablation(config),
-        scenario=str(summary.get("scenario", config.get("scenario"))),
-        seed=int(summary.get("seed", config.get("seed", 0))),
+        scenario=summary.scenario,
+        seed=summary.seed,
         values=values,
     )
 

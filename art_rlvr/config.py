@@ -10,23 +10,43 @@ import difflib
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.selection import BackendName
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
+from art_rlvr.llm import LLMRole, renamed
 
 # a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
 # (the name of an environment variable, which is what a reader needs to see)
 SECRET_NAME = re.compile(r"(key|secret|password|token)$", re.IGNORECASE)
 
 
+# one name per concept; the old names still work and warn
+RUN_RENAMED = {"n_rounds": "rounds"}
+SUB_RENAMED = {"rollouts_per_problem": "group_size", "expert_samples_per_x": "group_size"}
+# an LLM role's keys on the command line: `reflection.model=...` (GEPA), `teacher.model=...` (EI)
+ROLES = {"reflection": "gepa", "teacher": "ei"}
+
+
 class ConfigError(ValueError):
     """A bad run configuration, phrased for the command line."""
+
+
+# One line per mode, for the log and the report's title.
+MODE_TITLES = {
+    "eval": "evaluation only",
+    "rl": "RL-only (fixed prompt)",
+    "gepa": "GEPA prompt evolution (weights fixed)",
+    "gepa_rl": "GEPA + RL block coordinate ascent",
+    "gepa_rl_ei": "GEPA + RL + expert iteration",
+    "ei": "expert iteration (best-of-N self-distillation, optional teacher hints)",
+}
 
 
 class RunConfig(BaseModel):
@@ -76,7 +96,7 @@ class RunConfig(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # GEPA + RL block coordinate ascent (mode=gepa_rl; gepa_rl_ei adds expert-iteration rounds)
-    n_rounds: int = Field(default=3, ge=1)
+    rounds: int = Field(default=3, ge=1)
     rl_batches_per_round: int = Field(default=8, ge=0)
     skip_first_gepa: bool = False
     enable_expert_iteration: bool = False
@@ -85,6 +105,11 @@ class RunConfig(BaseModel):
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
     # expert iteration (mode=ei): its own keys, e.g. expert_samples_per_x=8 distill=sft
     ei: EIConfig = Field(default_factory=EIConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed(data, RUN_RENAMED, "RunConfig")
 
     @field_validator("learning_rate")
     @classmethod
@@ -164,7 +189,7 @@ def _subconfig_keys() -> dict[str, list[str]]:
     owners: dict[str, list[str]] = {}
     for name, model in SUBCONFIGS.items():
         for key in model.model_fields:
-            if key not in RunConfig.model_fields:
+            if key not in RunConfig.model_fields and key not in ROLES:
                 owners.setdefault(key, []).append(name)
     return owners
 
@@ -178,8 +203,39 @@ def _first_error(error: ValidationError, values: dict[str, Any], prefix: str = "
     return ConfigError(f"bad value for {prefix}{key!r}: {given!r}: {first['msg']}{extra}")
 
 
+def _canonical(key: str) -> str:
+    """The current name of a key given under an old one (warned once per use)."""
+    prefix, dot, field = key.partition("_")
+    if prefix in ROLES and dot and field in LLMRole.model_fields:
+        new = f"{prefix}.{field}"
+    else:
+        new = RUN_RENAMED.get(key) or SUB_RENAMED.get(key) or key
+    if new != key:
+        warnings.warn(f"{key} is deprecated, use {new}", FutureWarning, stacklevel=3)
+    return new
+
+
+def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
+    roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
+    role_keys = "|".join(LLMRole.model_fields)
+    close = difflib.get_close_matches(key, [*fields, *owners, *roles], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    extra = "".join(
+        f"; for mode={'|'.join(SUBCONFIG_MODES[name])} also: "
+        + ", ".join(k for k, names in owners.items() if name in names)
+        + "".join(f", {role}.<{role_keys}>" for role, n in ROLES.items() if n == name)
+        for name in SUBCONFIGS
+    )
+    return ConfigError(
+        f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>{extra}"
+    )
+
+
 def parse_args(argv: list[str]) -> RunConfig:
-    """`key=value` words -> RunConfig, or a ConfigError with one clear line."""
+    """`key=value` words -> RunConfig, or a ConfigError with one clear line.
+
+    Run keys that a sub-config also has (seed, group_size, max_tokens, ...) are handed down when
+    given, so one `seed=` seeds everything; a sub-config keeps its own default otherwise."""
     fields = {k: v for k, v in RunConfig.model_fields.items() if k not in _INTERNAL}
     owners = _subconfig_keys()
     values: dict[str, Any] = {}
@@ -187,32 +243,29 @@ def parse_args(argv: list[str]) -> RunConfig:
     source: dict[str, Any] = {}
     seen: set[str] = set()
     for word in argv:
-        key, sep, raw = word.partition("=")
-        key = key.strip()
-        if not sep or not key:
+        given, sep, raw = word.partition("=")
+        given = given.strip()
+        if not sep or not given:
             raise ConfigError(f"expected key=value, got {word!r}")
+        key = _canonical(given)
         if key in seen:
-            raise ConfigError(f"key {key!r} given twice")
+            raise ConfigError(f"key {given!r} given twice")
         seen.add(key)
-        if key.startswith("source."):
-            source[key.removeprefix("source.")] = _coerce_source_value(raw)
-            continue
-        if key in owners:
+        value = None if raw.lower() in ("none", "null") else raw
+        role, dot, field = key.partition(".")
+        if role == "source" and dot:
+            source[field] = _coerce_source_value(raw)
+        elif role in ROLES and dot:
+            if field not in LLMRole.model_fields:
+                raise _unknown(key, fields, owners)
+            sub[ROLES[role]].setdefault(role, {})[field] = value
+        elif key in owners:
             for name in owners[key]:
-                sub[name][key] = None if raw.lower() in ("none", "null") else raw
-            continue
-        if key not in fields:
-            close = difflib.get_close_matches(key, [*fields, *owners], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            extra = "".join(
-                f"; for mode={'|'.join(SUBCONFIG_MODES[name])} also: "
-                + ", ".join(k for k, names in owners.items() if name in names)
-                for name in SUBCONFIGS
-            )
-            raise ConfigError(
-                f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>{extra}"
-            )
-        values[key] = None if raw.lower() in ("none", "null") and key in _NULLABLE else raw
+                sub[name][key] = value
+        elif key in fields:
+            values[key] = value if key in _NULLABLE else raw
+        else:
+            raise _unknown(key, fields, owners)
     if source:
         values["source_overrides"] = source
     try:
@@ -221,11 +274,7 @@ def parse_args(argv: list[str]) -> RunConfig:
         raise _first_error(error, values) from None
     built: dict[str, BaseModel] = {}
     for name, model in SUBCONFIGS.items():
-        shared = {
-            k: getattr(config, k)
-            for k in model.model_fields
-            if k in RunConfig.model_fields and k not in _INTERNAL
-        }
+        shared = {k: getattr(config, k) for k in model.model_fields if k in values}
         try:
             built[name] = model.model_validate({**sub[name], **shared})
         except ValidationError as error:

@@ -27,6 +27,8 @@ __all__ = [
     "leaks",
     "normalize_text",
     "numbers_in",
+    "quotes",
+    "words",
 ]
 
 _UNITS = [
@@ -247,3 +249,19 @@ def leaks(text: str, answer: object) -> bool:
 def leaked_answers(text: str, answers: Iterable[object]) -> list[str]:
     """The answers (as given) that `text` leaks, in order, without duplicates."""
     return [str(a) for a in dict.fromkeys(answers) if leaks(text, a)]
+
+
+def words(text: str) -> list[str]:
+    """Lower-case runs of letters and digits: what `quotes` compares."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def quotes(text: str, source: str, n: int | None = 4) -> bool:
+    """Whether `text` repeats `source` (a teacher's hint): any `n` consecutive words of it, or
+    all of it when it is shorter than `n` words or `n` is None; case and punctuation ignored."""
+    said, quoted = words(text), words(source)
+    if not quoted:
+        return False
+    size = len(quoted) if n is None else min(n, len(quoted))
+    grams = {tuple(quoted[i : i + size]) for i in range(len(quoted) - size + 1)}
+    return any(tuple(said[i : i + size]) in grams for i in range(len(said) - size + 1))

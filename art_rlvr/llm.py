@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.observe import tracing
 
@@ -54,6 +54,96 @@ class LLMSettings(BaseModel):
     backoff_max_s: float = Field(default=60.0, ge=0)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     max_tokens: int = Field(default=1024, ge=1)
+
+
+class LLMRole(BaseModel):
+    """One LLM role of a run (GEPA's reflector, expert iteration's teacher): which model, where,
+    and how patiently to call it. `model=None` means the embedded model through its own
+    endpoint. Holds no secret, only the name of the environment variable with the key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = Field(
+        default=None,
+        description="a litellm model string (e.g. openai/gpt-4.1-mini); none: the embedded model",
+    )
+    api_base: str | None = Field(
+        default=None, description="an OpenAI-compatible base URL (with model='openai/<name>')"
+    )
+    api_key_env: str | None = Field(
+        default=None, description="the environment variable that holds the key"
+    )
+    timeout_s: float = Field(default=120.0, gt=0, description="seconds per request")
+    max_retries: int = Field(
+        default=4, ge=0, le=20, description="retries of 429 / 5xx / timeouts / resets"
+    )
+    backoff_s: float = Field(default=1.0, ge=0, description="first retry's wait, doubling")
+    backoff_max_s: float = Field(default=60.0, ge=0, description="cap on one wait")
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="sampling temperature")
+    max_tokens: int = Field(default=1024, ge=8, description="reply length cap")
+
+    @model_validator(mode="after")
+    def _base_needs_model(self) -> LLMRole:
+        if self.api_base and not self.model:
+            raise ValueError("api_base needs model (e.g. 'openai/<name>')")
+        return self
+
+    def overrides(self) -> dict[str, float | int]:
+        """The call settings, for the embedded model's client too."""
+        return {
+            "timeout_s": self.timeout_s,
+            "max_retries": self.max_retries,
+            "backoff_initial_s": self.backoff_s,
+            "backoff_max_s": self.backoff_max_s,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+
+    def settings(self) -> LLMSettings | None:
+        """The external model's settings, or None for the embedded model."""
+        if self.model is None:
+            return None
+        return LLMSettings(
+            model=self.model,
+            api_base=self.api_base,
+            api_key_env=self.api_key_env,
+            **self.overrides(),
+        )
+
+
+def renamed(data: Any, old_to_new: dict[str, str], owner: str) -> Any:
+    """Accept old key names as aliases of the new ones, with a FutureWarning naming the new."""
+    if not isinstance(data, dict) or not old_to_new.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in old_to_new.items():
+        if old in out:
+            warnings.warn(f"{owner}: {old} is deprecated, use {new}", FutureWarning, stacklevel=4)
+            out.setdefault(new, out.pop(old))
+    return out
+
+
+def flat_role_aliases(
+    data: Any, role: str, owner: str, defaults: dict[str, Any] | None = None
+) -> Any:
+    """Map the old flat keys (`reflection_model`, `teacher_timeout_s`, ...) into the nested role
+    (`reflection.model`, ...) with a FutureWarning naming the new key; a role given as a dict
+    is laid over the owner's `defaults` for it."""
+    if not isinstance(data, dict):
+        return data
+    flat = {f"{role}_{f}": f for f in LLMRole.model_fields if f"{role}_{f}" in data}
+    nested = data.get(role)
+    if not flat and not isinstance(nested, dict):
+        return data
+    merged = {**(defaults or {}), **(nested if isinstance(nested, dict) else {})}
+    if isinstance(nested, LLMRole):
+        merged = nested.model_dump(exclude_unset=True)
+    for key, name in flat.items():
+        warnings.warn(
+            f"{owner}: {key} is deprecated, use {role}.{name}", FutureWarning, stacklevel=4
+        )
+        merged[name] = data[key]
+    return {**{k: v for k, v in data.items() if k not in flat}, role: merged}
 
 
 class LLMReply(BaseModel):
@@ -365,40 +455,36 @@ EMBEDDED_MIN_TIMEOUT_S = 600.0
 
 
 def client_for(
-    settings: LLMSettings | None,
-    model: Any,
-    *,
-    role: str,
-    key_name: str,
-    counters: LLMCounters,
-    overrides: dict[str, Any],
+    role: LLMRole, model: Any, *, name: str, counters: LLMCounters
 ) -> tuple[LLMClient, str]:
-    """The configured LM for `role` (e.g. "reflection", "teacher"), or, with `settings` None,
-    the embedded `model` through its own endpoint (logged as weak but real). Returns the client
-    and a name for summaries. A provider whose key is missing is an error before any call."""
+    """The LM configured for the role called `name` ("reflection", "teacher"), or, with
+    `role.model` unset, the embedded `model` through its own endpoint (logged as weak but real).
+    Returns the client and a name for summaries. A provider whose key is missing is an error
+    before any call."""
+    settings = role.settings()
     if settings is None:
         # a CPU model writing a long reply to a long prompt, next to rollouts, can take minutes
-        timeout = max(float(overrides.get("timeout_s", 0)), EMBEDDED_MIN_TIMEOUT_S)
-        settings, key = embedded_settings(model, **(overrides | {"timeout_s": timeout}))
+        timeout = max(role.timeout_s, EMBEDDED_MIN_TIMEOUT_S)
+        settings, key = embedded_settings(model, **(role.overrides() | {"timeout_s": timeout}))
         log.warning(
-            "%s LM: no %s configured, so the embedded model %s is used through its own "
+            "%s LM: no %s.model configured, so the embedded model %s is used through its own "
             "endpoint (%s): weak but real",
-            role,
-            key_name,
+            name,
+            name,
             settings.model,
             settings.api_base,
         )
-        client = LLMClient(settings, api_key=key, counters=counters, label=role)
+        client = LLMClient(settings, api_key=key, counters=counters, label=name)
         return client, f"embedded:{settings.model}"
     missing = missing_keys(settings)
     if missing:
         raise ValueError(
-            f"{key_name} {settings.model!r} needs {', '.join(missing)} in the environment "
-            f"(or leave {key_name} unset to use the embedded model)"
+            f"{name}.model {settings.model!r} needs {', '.join(missing)} in the environment "
+            f"(or leave {name}.model unset to use the embedded model)"
         )
     where = f" at {settings.api_base}" if settings.api_base else ""
-    log.info("%s LM: %s%s", role, settings.model, where)
-    return LLMClient(settings, counters=counters, label=role), settings.model
+    log.info("%s LM: %s%s", name, settings.model, where)
+    return LLMClient(settings, counters=counters, label=name), settings.model
 
 
 __all__ = [
@@ -408,11 +494,14 @@ __all__ = [
     "LLMCounters",
     "LLMError",
     "LLMReply",
+    "LLMRole",
     "LLMSettings",
     "backoff_s",
     "classify",
     "client_for",
     "embedded_settings",
+    "flat_role_aliases",
     "missing_keys",
+    "renamed",
     "retry_after_s",
 ]

@@ -17,7 +17,9 @@ import art
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.observe import tracing
-from art_rlvr.scenario import Scenario, prompt_hash
+from art_rlvr.outcome import attach_outcome
+from art_rlvr.scenario import Scenario
+from art_rlvr.text import prompt_hash
 
 
 class SamplingConfig(BaseModel):
@@ -73,11 +75,9 @@ async def rollout(
     text = choice.message.content or ""
     score = await scenario.score(text)
     usage = response.usage
-    return art.Trajectory(
+    trajectory = art.Trajectory(
         messages_and_choices=[*messages, choice],
-        reward=score.reward,
         metrics={
-            **score.metrics,
             "completion_tokens": float(usage.completion_tokens if usage else 0),
             "truncated": float(choice.finish_reason == "length"),
         },
@@ -88,7 +88,9 @@ async def rollout(
             "prompt_hash": prompt_hash(s),
             **(metadata or {}),
         },
-        logs=[score.feedback],
+    )
+    return attach_outcome(
+        trajectory, reward=score.reward, feedback=score.feedback, metrics=score.metrics
     )
 
 

@@ -16,26 +16,18 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
-from art_rlvr.config import ConfigError, RunConfig, parse_args
-from art_rlvr.loops.files import RunFiles, StateFileError
+from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
+from art_rlvr.records import RunSummary
+from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task, load_task
 from art_rlvr.sources import ScenarioFileError
 
 if TYPE_CHECKING:
-    from art_rlvr.loops.rl import RunContext
+    from art_rlvr.loops.context import RunContext
 
 log = logging.getLogger("art_rlvr")
-
-MODE_TITLES = {
-    "eval": "evaluation only",
-    "rl": "RL-only (fixed prompt)",
-    "gepa": "GEPA prompt evolution (weights fixed)",
-    "gepa_rl": "GEPA + RL block coordinate ascent",
-    "gepa_rl_ei": "GEPA + RL + expert iteration",
-    "ei": "expert iteration (best-of-N self-distillation, optional teacher hints)",
-}
 
 
 def seed_everything(seed: int) -> None:
@@ -71,7 +63,8 @@ def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
 
 async def run_mode(ctx: RunContext) -> dict[str, Any]:
     """Run (or resume) the configured mode in the run folder; the dict goes into summary.json."""
-    from art_rlvr.loops.rl import run_eval, run_rl
+    from art_rlvr.loops.context import run_eval
+    from art_rlvr.loops.rl import run_rl
 
     mode = ctx.config.mode
     if mode == "eval":
@@ -97,10 +90,10 @@ async def run_mode(ctx: RunContext) -> dict[str, Any]:
     return await run_rl(ctx)
 
 
-async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]:
+async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
     import art
 
-    from art_rlvr.loops.rl import RunContext, peak_rss_mb
+    from art_rlvr.loops.context import RunContext, peak_rss_mb
 
     setup_logging(cfg, files)
     seed_everything(cfg.seed)
@@ -139,16 +132,18 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> dict[str, Any]
     # a re-run of the same run adds its time to the earlier sessions' (a summary is written at
     # the end of each session that finished)
     wall = time.monotonic() - started + float(prior.get("wall_seconds", 0.0))
-    summary = {
-        "mode": cfg.mode,
-        "scenario": task.name,
-        "seed": cfg.seed,
-        "base_model": cfg.base_model,
-        **result,
-        "wall_seconds": round(wall, 2),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-    }
-    files.write_json("summary.json", summary)
+    summary = RunSummary.model_validate(
+        {
+            **result,
+            "mode": cfg.mode,
+            "scenario": task.name,
+            "seed": cfg.seed,
+            "base_model": cfg.base_model,
+            "wall_seconds": round(wall, 2),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+        }
+    )
+    files.write_json("summary.json", summary.model_dump(mode="json"))
     return summary
 
 
@@ -165,34 +160,32 @@ def _versions() -> dict[str, str]:
     return {name: _package_version(name) for name in names}
 
 
-def summary_lines(summary: dict[str, Any], directory: Path) -> list[str]:
+def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     """The one-screen summary printed at the end (everything is also in summary.json)."""
-    before, after = summary.get("val_accuracy_before"), summary.get("val_accuracy_after")
-    test = summary.get("test_accuracy_after")
+    s = summary
+    before, after, test = s.val_accuracy_before, s.val_accuracy_after, s.test_accuracy_after
     rows: list[tuple[str, Any]] = [
         ("run", directory),
-        ("mode", f"{summary['mode']} on {summary['scenario']} (seed {summary['seed']})"),
+        ("mode", f"{s.mode} on {s.scenario} (seed {s.seed})"),
         ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
         ("test acc", f"{test:.3f}" if test is not None else None),
-        ("steps", summary.get("steps")),
-        ("rollouts", summary.get("rollouts")),
-        ("tokens", summary.get("training_tokens")),
-        ("reflection", _calls(summary, "reflection_calls", "reflection_errors")),
-        ("teacher", _calls(summary, "teacher_calls", "teacher_errors")),
-        ("s changes", summary.get("prompt_changes")),
-        ("stopped", (summary.get("early_stop") or {}).get("message")),
-        ("wall", f"{summary['wall_seconds']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB"),
+        ("steps", s.steps),
+        ("rollouts", s.rollouts),
+        ("tokens", s.training_tokens),
+        ("reflection", _calls(s.reflection_calls, s.reflection_errors)),
+        ("teacher", _calls(s.teacher_calls, s.teacher_errors)),
+        ("s changes", s.prompt_changes),
+        ("stopped", (s.early_stop or {}).get("message")),
+        ("wall", f"{s.wall_seconds:.1f} s, peak RSS {s.peak_rss_mb:.0f} MB"),
         ("report", f"python -m art_rlvr.report {directory}"),
     ]
     lines = [f"{name:<11}{value}" for name, value in rows if value is not None]
-    lines += [f"ALARM      step {a['step']}: {a['message']}" for a in summary.get("alarms", [])]
+    lines += [f"ALARM      step {a['step']}: {a['message']}" for a in s.alarms]
     return lines
 
 
-def _calls(summary: dict[str, Any], calls: str, errors: str) -> str | None:
-    if summary.get(calls) is None:
-        return None
-    return f"{summary[calls]} call(s), {summary.get(errors) or 0} error(s)"
+def _calls(calls: int | None, errors: int | None) -> str | None:
+    return None if calls is None else f"{calls} call(s), {errors or 0} error(s)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,10 +7,11 @@ them. Everything downstream sees an opaque record `x`, messages, and a `Score`.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
+import random
 import string
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,6 @@ class ScenarioSpec(BaseModel):
     id_field: str | None = None
     source: dict[str, Any]
     reward: RewardSpec
-
-
-def prompt_hash(system_prompt: str) -> str:
-    return hashlib.sha256(system_prompt.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -210,3 +207,17 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
             )
         splits[split] = items
     return task
+
+
+def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:
+    """Batch `batch` of an endless stream of seeded per-epoch shuffles of `pool`."""
+    if not pool:
+        raise ValueError("the train split is empty")
+    out: list[Scenario] = []
+    start = batch * size
+    for position in range(start, start + size):
+        epoch, index = divmod(position, len(pool))
+        order = list(range(len(pool)))
+        random.Random(f"order:{seed}:{epoch}").shuffle(order)
+        out.append(pool[order[index]])
+    return out

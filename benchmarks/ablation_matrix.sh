@@ -15,16 +15,16 @@ run() {  # a finished run (summary.json present) is not re-entered: its wall tim
   python3 -m uv run --locked python -m art_rlvr.run scenario=arith eval_test=true \
       run_name="$name" "$@"
 }
-GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 rollouts_per_problem=2
-      reflection_max_tokens=256 reflection_timeout_s=600 report_val_limit=0)
+GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 group_size=2
+      reflection.max_tokens=256 reflection.timeout_s=600 report_val_limit=0)
 for seed in "${SEEDS[@]}"; do
   run "abl-rl-s$seed" seed="$seed" mode=rl n_batches=8 eval_every=8
-  run "abl-gepa_rl-s$seed" seed="$seed" mode=gepa_rl n_rounds=2 \
+  run "abl-gepa_rl-s$seed" seed="$seed" mode=gepa_rl rounds=2 \
       rl_batches_per_round=4 "${GEPA[@]}"
   run "abl-ei-s$seed" seed="$seed" mode=ei rounds=3 eval_every_rounds=3
   run "abl-ei_hints-s$seed" seed="$seed" mode=ei rounds=3 eval_every_rounds=3 \
       enable_teacher_hints=true
-  run "abl-gepa_rl_ei-s$seed" seed="$seed" mode=gepa_rl_ei n_rounds=2 \
+  run "abl-gepa_rl_ei-s$seed" seed="$seed" mode=gepa_rl_ei rounds=2 \
       rl_batches_per_round=4 scenarios_per_round=8 "${GEPA[@]}"
 done
 python3 -m uv run --locked python -m art_rlvr.compare runs/abl-*

@@ -1,7 +1,11 @@
 """Code written only against ART's public API runs on TorchBackend unchanged."""
 
 import art
+import torch
 from art.pipeline_trainer import PipelineTrainer
+from art.pipeline_tuner.config import PipelineRuntimeConfig
+
+from art_rlvr import TorchBackend
 
 PROMPTS = [f"Respond with one word: yes, no or maybe. Case {i}." for i in range(6)]
 
@@ -17,10 +21,14 @@ def reward(text: str) -> float:
 async def rollout_fn(
     model: art.TrainableModel, scenario: dict, _config: None
 ) -> art.TrajectoryGroup:
-    """One request with n completions, as in ART's own PipelineTrainer example."""
+    """One request with n completions, as in ART's own PipelineTrainer example. It records the
+    step it sampled at and the name it sampled from, to show that each step's weights serve
+    the rollouts that follow it."""
     messages = [{"role": "user", "content": scenario["prompt"]}]
+    name = model.get_inference_name()
+    scenario.get("seen", []).append((await model.get_step(), name))
     response = await model.openai_client().chat.completions.create(
-        messages=messages, model=model.get_inference_name(), max_tokens=4, n=4, logprobs=True
+        messages=messages, model=name, max_tokens=4, n=4, logprobs=True
     )
     return art.TrajectoryGroup(
         [
@@ -45,25 +53,63 @@ async def eval_fn(model: art.TrainableModel, step: int, _config: None) -> list[a
     ]
 
 
-async def test_pipeline_trainer_runs_on_torch_backend(backend, make_model) -> None:
-    model = await make_model("pipe")
-    trainer = PipelineTrainer(
+def pipeline(model, backend, seen: list, steps: int) -> PipelineTrainer:
+    """ART's PipelineTrainer with its default evaluation and checkpoint cadence (evaluate at
+    start and every 20 steps, `save_checkpoint` only then); only the sizes are made small."""
+    return PipelineTrainer(
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        scenarios=[{"prompt": p} for p in PROMPTS * 6],
+        scenarios=[{"prompt": p, "seen": seen} for p in PROMPTS * 4],
         config=None,
         eval_fn=eval_fn,
         learning_rate=1e-4,
-        loss_fn="cispo",
-        max_steps=2,
-        eval_every_n_steps=1,
-        eval_at_start=True,
+        max_steps=steps,
+        pipeline=PipelineRuntimeConfig(num_rollout_workers=2, min_batch_size=1, max_batch_size=2),
         log_interval_seconds=3600,
     )
-    await trainer.train(handle_signals=False)
-    assert await model.get_step() == 2
-    assert model.get_inference_name() == f"{model.name}@2"
+
+
+def adapter_weights(trainee) -> list[torch.Tensor]:
+    return [
+        p.detach().cpu()
+        for n, p in trainee.base.model.named_parameters()
+        if f".{trainee.adapter}." in n
+    ]
+
+
+async def test_pipeline_trainer_defaults_advance_serve_and_resume(
+    backend, make_model, art_path
+) -> None:
+    """19 of 20 steps are `save_checkpoint=False` under ART's defaults: each must still
+    advance the step and serve its weights, and a restarted backend must find the step."""
+    model = await make_model("pipe")
+    seen: list[tuple[int, str]] = []
+    await pipeline(model, backend, seen, steps=3).train(handle_signals=False)
+    assert await model.get_step() == 3
+    assert model.get_inference_name() == f"{model.name}@3"
+    assert all(name == f"{model.name}@{step}" for step, name in seen)
+    assert {1, 2} <= {step for step, _ in seen}  # rollouts after steps 1 and 2 used them
+    folder = art_path / "tests" / "models" / model.run_name / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["0000", "0001", "0002", "0003"]
+    assert [p.parent.name for p in folder.glob("*/optimizer.pt")] == ["0000"]  # no eval step yet
+
+    restarted = TorchBackend(path=art_path, seed=0)
+    again = art.TrainableModel(
+        name=model.name, project=model.project, run_name=model.run_name, base_model=model.base_model
+    )
+    try:
+        await again.register(restarted)
+        assert await again.get_step() == 3 and again.get_inference_name() == f"{model.name}@3"
+        trained = adapter_weights(backend._trainees[model.name])
+        restored = adapter_weights(restarted._trainees[model.name])
+        assert all(torch.equal(a, b) for a, b in zip(trained, restored, strict=True))
+        seen.clear()
+        await pipeline(again, restarted, seen, steps=1).train(handle_signals=False)
+        assert await again.get_step() == 4 and again.get_inference_name() == f"{model.name}@4"
+        assert seen and all(step >= 3 for step, _ in seen)
+    finally:
+        await restarted.close()
 
 
 async def test_classic_art_loop_train_and_log(backend, make_model, art_path) -> None:

@@ -34,9 +34,10 @@ from art_rlvr.ei.expert import collect_round, distill_round, score_reliance
 from art_rlvr.ei.hints import hinted_prompt
 from art_rlvr.ei.relabel import clean_messages
 from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
-from art_rlvr.loops.files import RunFiles
-from art_rlvr.loops.rl import RunContext, train_until
+from art_rlvr.loops.context import RunContext
+from art_rlvr.loops.rl import train_until
 from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.runfiles import RunFiles
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 KEYS = ("WANDB_API_KEY", "TINKER_API_KEY")
@@ -245,7 +246,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
             model,
             EvalStore(4, Journal(tmp_path / "journal.jsonl")),
             sampling=SamplingConfig(max_tokens=8),
-            rollouts_per_problem=2,
+            group_size=2,
             seed=3,
             loop=asyncio.get_running_loop(),
         )
@@ -255,7 +256,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
         # EI: collect a round, then distil it with model.train_sft
         ei = EIConfig(
             scenarios_per_round=4,
-            expert_samples_per_x=3,
+            group_size=3,
             max_tokens=10,
             sft_batch_size=4,
             sft_epochs=1,

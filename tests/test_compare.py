@@ -15,7 +15,8 @@ def fake_run(root: Path, name: str, config: dict, summary: dict) -> Path:
     path = root / name
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"scenario": "arith", **config}))
-    (path / "summary.json").write_text(json.dumps({"scenario": "arith", **summary}))
+    identity = {"scenario": "arith", "mode": config.get("mode", "rl"), "seed": config.get("seed", 0)}
+    (path / "summary.json").write_text(json.dumps({**identity, **summary}))
     return path
 
 

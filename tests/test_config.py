@@ -45,7 +45,10 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
         (["learning_rate=nan"], "bad value for 'learning_rate'"),
         (["mode=gepa", "max_metric_calls=0"], "bad value for 'max_metric_calls'"),
         (["max_metric_cals=5"], "did you mean 'max_metric_calls'"),
-        (["reflection_api_base=http://127.0.0.1:1/v1"], "needs reflection_model"),
+        (["reflection.api_base=http://127.0.0.1:1/v1"], "api_base needs model"),
+        (["teacher.api_base=http://127.0.0.1:1/v1"], "api_base needs model"),
+        (["reflection.bogus=1"], "unknown key 'reflection.bogus'"),
+        (["group_size=3", "expert_samples_per_x=4"], "given twice"),
     ],
 )
 def test_bad_config_is_one_clear_line(argv: list[str], message: str) -> None:
@@ -74,3 +77,35 @@ def test_cli_bad_config_exits_2_without_traceback(args: list[str], message: str,
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "check"),
+    [
+        # one name per concept: the old names still work and warn
+        (["mode=gepa", "rollouts_per_problem=3"], lambda c: c.gepa.group_size == 3),
+        (["mode=ei", "expert_samples_per_x=4"], lambda c: c.ei.group_size == 4),
+        (["mode=gepa_rl", "n_rounds=2"], lambda c: c.rounds == 2),
+        (["mode=gepa", "reflection_model=openai/m"], lambda c: c.gepa.reflection.model == "openai/m"),
+        (["mode=ei", "teacher_timeout_s=7"], lambda c: c.ei.teacher.timeout_s == 7.0),
+    ],
+)
+def test_old_names_are_aliases_that_warn(argv: list[str], check) -> None:
+    with pytest.warns(FutureWarning, match="deprecated, use"):
+        config = parse_args(argv)
+    assert check(config)
+
+
+def test_llm_roles_share_one_model_and_keep_their_defaults() -> None:
+    config = parse_args(["mode=gepa_rl_ei", "reflection.model=openai/r", "teacher.model=openai/t"])
+    assert type(config.gepa.reflection) is type(config.ei.teacher)
+    assert config.gepa.reflection.model == "openai/r" and config.gepa.reflection.max_tokens == 1024
+    assert config.ei.teacher.model == "openai/t" and config.ei.teacher.max_tokens == 256
+
+
+def test_run_keys_are_handed_down_only_when_given() -> None:
+    default = parse_args(["mode=gepa_rl_ei"])
+    assert (default.group_size, default.gepa.group_size, default.ei.group_size) == (6, 2, 6)
+    given = parse_args(["mode=gepa_rl_ei", "group_size=4", "seed=3"])
+    assert (given.gepa.group_size, given.ei.group_size) == (4, 4)
+    assert (given.gepa.seed, given.ei.seed) == (3, 3)

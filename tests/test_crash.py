@@ -32,22 +32,22 @@ COMMON = [
     "learning_rate=1e-4",
 ]
 REFLECTOR = [
-    "reflection_model=openai/scripted",
-    "reflection_api_key_env=CRASH_KEY",
-    "reflection_backoff_s=0.01",
+    "reflection.model=openai/scripted",
+    "reflection.api_key_env=CRASH_KEY",
+    "reflection.backoff_s=0.01",
     "pareto_size=4",
     "traces_per_iteration=2",
-    "rollouts_per_problem=1",
+    "group_size=1",
     "min_improvement_threshold=-1",
 ]
 MODES: dict[str, list[str]] = {
     "rl": ["mode=rl", "n_batches=4", "eval_every=2"],
     "gepa": ["mode=gepa", *REFLECTOR, "max_metric_calls=24", "max_iterations=3",
              "report_val_limit=4"],
-    "ei": ["mode=ei", "rounds=2", "scenarios_per_round=4", "expert_samples_per_x=2",
+    "ei": ["mode=ei", "rounds=2", "scenarios_per_round=4", "group_size=2",
            "eval_every_rounds=1"],
-    "gepa_rl_ei": ["mode=gepa_rl_ei", *REFLECTOR, "n_rounds=1", "rl_batches_per_round=2",
-                   "scenarios_per_round=4", "expert_samples_per_x=2", "max_metric_calls=16",
+    "gepa_rl_ei": ["mode=gepa_rl_ei", *REFLECTOR, "rounds=1", "rl_batches_per_round=2",
+                   "scenarios_per_round=4", "group_size=2", "max_metric_calls=16",
                    "max_iterations=1"],
 }  # fmt: skip
 VOLATILE = {"wall_seconds", "peak_rss_mb", "seconds_per_step_median", "rollouts"}
@@ -56,8 +56,8 @@ SEEDS = [0, 1, 2]
 
 def argv(mode: str, run_dir: Path, server: ScriptedServer) -> list[str]:
     words = [*COMMON, *MODES[mode], f"run_dir={run_dir}"]
-    if any(w.startswith("reflection_model=") for w in words):
-        words.append(f"reflection_api_base={server.base_url}")
+    if any(w.startswith("reflection.model=") for w in words):
+        words.append(f"reflection.api_base={server.base_url}")
     return [sys.executable, "-m", "art_rlvr.run", *words]
 
 

@@ -3,6 +3,7 @@ exact relabelling to the clean prompt, and a real round on the embedded model.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -10,26 +11,47 @@ from typing import Any
 
 import art
 import pytest
+from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
 from art_rlvr.config import ConfigError, parse_args
 from art_rlvr.ei.config import EIConfig
-from art_rlvr.ei.expert import hinted_group, sft_trajectories
+from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
+from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import (
     RETRY_LEAK,
+    HintOutcome,
     clean_hint,
     echoes_hint,
     hinted_prompt,
     make_teacher,
     obtain_hint,
 )
-from art_rlvr.ei.records import EIState, RoundBuffer
-from art_rlvr.ei.relabel import clean_messages, example_from, relabel, relabel_for_rl
+from art_rlvr.ei.records import (
+    DistillExample,
+    EIState,
+    HintRecord,
+    RLGroup,
+    RoundBuffer,
+    RoundStats,
+)
+from art_rlvr.ei.relabel import (
+    clean_messages,
+    example_from,
+    hint_leaks,
+    relabel,
+    relabel_episode,
+    relabel_for_rl,
+    rl_group,
+)
+from art_rlvr.ei.stages import Hinted, relabel_hinted
+from art_rlvr.episodes import EnvStep, Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
+from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
-from art_rlvr.loops.files import RunFiles
-from art_rlvr.loops.rl import RunContext
+from art_rlvr.outcome import attach_outcome, feedback_of, is_correct, is_sampled, turns
 from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.runfiles import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-ei-teacher-secret-0451"
@@ -258,6 +280,195 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
         tok.decode(s.prompt_ids + s.completion_ids) for s in samples
     )
     assert "Marker-Q7" not in trained_text and "Hint" not in trained_text
+
+
+# ------------------------------------------------------------------ episodes: every turn
+
+
+MARKER = "Marker-Z9 count the tens before the units"
+
+
+def choice(text: str, **token_data: Any) -> Choice:
+    """A sampled turn as the OpenAI SDK types it (what `chat.completions.create` returns)."""
+    return Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "logprobs": None,
+            "message": {"role": "assistant", "content": text},
+            **token_data,
+        }
+    )
+
+
+async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
+    backend, model, task
+) -> None:
+    """A real three-turn episode on the embedded model, hinted in its opening, relabelled:
+    the clean opening, every later turn in order (the sampled `Choice`s with their text, the
+    environment's messages as they were), no hint in any turn, and SFT and RL train all three
+    assistant turns under the clean prompt, from the buffer's JSON."""
+    scenario = task.splits["train"][2]
+    system = "Reply with only the final number."
+    clean = list(clean_messages(scenario, system))
+
+    def env(turn: Turn, _: art.Trajectory) -> EnvStep:
+        return EnvStep(
+            messages=({"role": "user", "content": f"Check step {turn.index + 1} again."},),
+            done=turn.index == 2,
+        )
+
+    hinted = await run_episode(
+        model,
+        hinted_prompt(clean, MARKER),
+        env=env,
+        max_turns=5,
+        sampling=SamplingConfig(max_tokens=6, temperature=1.0, seed=3),
+    )
+    attach_outcome(hinted, reward=1.0, feedback="solved", metrics={})
+    items = hinted.messages_and_choices
+    assert [is_sampled(i) for i in items[len(clean) :]] == [True, False] * 2 + [True]
+    assert all("prompt_token_ids" in (i.model_extra or {}) for i in items if is_sampled(i))
+    assert hint_leaks(hinted, MARKER, len(clean)) == [len(clean) - 1]  # the hinted opening
+
+    relabelled = relabel_episode(hinted, clean, MARKER)
+    after = relabelled.messages_and_choices
+    assert after[: len(clean)] == clean and len(after) == len(items)
+    assert turns(relabelled)[len(clean) :] == turns(hinted)[len(clean) :]
+    assert [is_sampled(i) for i in after] == [is_sampled(i) for i in items]
+    assert not any((i.model_extra or {}) or i.logprobs for i in after if is_sampled(i))
+    assert hint_leaks(relabelled, MARKER, len(clean)) == []
+    assert "Marker-Z9" not in json.dumps(turns(relabelled))
+    assert is_correct(relabelled) and feedback_of(relabelled) == "solved"
+
+    tok = backend._bases[model.base_model].tokenizer
+    example = DistillExample.model_validate_json(
+        example_from(scenario, system, relabelled, "hinted").model_dump_json()
+    )
+    sft = relabel(example)
+    assert turns(sft) == turns(relabelled)
+    (sample,) = T.sft_samples([sft], tok, assistant_turns="all")
+    spans = sum(1 for a, b in itertools.pairwise([False, *sample.loss_mask]) if b and not a)
+    assert spans == 3  # every assistant turn is learnt, nothing else
+    assert sample.input_ids[: sample.loss_mask.index(True)] == T.render_prompt(tok, clean)
+
+    failed = relabelled.model_copy(update={"reward": 0.0})
+    group = rl_group(scenario.id, clean, [(relabelled, True), (failed, False)])
+    rl = relabel_for_rl(RLGroup.model_validate_json(group.model_dump_json()))
+    samples, stats = T.samples_from_groups([rl], tok, scale_rewards=True)
+    assert stats.turns == 6 and all(s.old_logprobs is None for s in samples)
+    prompt = T.render_prompt(tok, clean)
+    assert all(s.prompt_ids[: len(prompt)] == prompt for s in samples)
+    text = "".join(tok.decode(s.prompt_ids + s.completion_ids) for s in samples)
+    assert "Marker-Z9" not in text + tok.decode(sample.input_ids) and "Hint" not in text
+
+
+def episode(*later: dict[str, Any] | Choice, hint: str = MARKER) -> art.Trajectory:
+    opening = hinted_prompt([{"role": "user", "content": "What is 38 + 47?"}], hint)
+    trajectory = art.Trajectory(messages_and_choices=[*opening, *later])
+    return attach_outcome(trajectory, reward=1.0, feedback="", metrics={})
+
+
+TOOL_CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("later", "leaking"),
+    [
+        ((choice("80"), {"role": "user", "content": "Again."}, choice("85")), []),
+        ((choice("80"), {"role": "user", "content": "Again."}, choice("Count the tens: 85")), []),
+        (
+            (choice("80"), {"role": "user", "content": "Again."}, choice(f"{MARKER}: 85")),
+            [3],
+        ),
+        ((choice("As the hint said"), {"role": "user", "content": "Go on."}, choice("85")), [1]),
+        (
+            (choice("80"), {"role": "user", "content": f"Recall: {MARKER.lower()}."}, choice("85")),
+            [2],
+        ),
+        (
+            (
+                Choice.model_validate(
+                    {"index": 0, "finish_reason": "tool_calls", "message": TOOL_CALL}
+                ),
+                {"role": "tool", "tool_call_id": "c1", "content": "count the tens before it"},
+                choice("85"),
+            ),
+            [2],
+        ),
+    ],
+)
+def test_a_hint_in_any_later_turn_is_caught(
+    later: tuple[dict[str, Any] | Choice, ...], leaking: list[int]
+) -> None:
+    clean = [{"role": "user", "content": "What is 38 + 47?"}]
+    relabelled = relabel_episode(episode(*later), clean, MARKER)
+    assert [is_sampled(i) for i in relabelled.messages_and_choices[1:]] == list(
+        map(is_sampled, later)
+    )
+    assert hint_leaks(relabelled, MARKER, opening=1) == leaking
+
+
+def test_relabel_refuses_an_episode_not_hinted_in_its_opening() -> None:
+    clean = [{"role": "user", "content": "What is 38 + 47?"}]
+    late = art.Trajectory(
+        messages_and_choices=[*clean, choice("80"), {"role": "user", "content": MARKER}]
+    )
+    with pytest.raises(ValueError, match="does not open with the hinted prompt"):
+        relabel_episode(late, clean, MARKER)
+
+
+def test_a_correct_episode_leaking_the_hint_in_a_later_turn_is_not_distilled(task) -> None:
+    """The round's stage: both hinted episodes are correct; the one whose third turn quotes
+    the hint is counted (`hinted_echo_rejected`) and only the other is kept."""
+    scenario = task.splits["train"][0]
+    clean = list(clean_messages(scenario, None))
+    opening = hinted_prompt(clean, MARKER)
+
+    def scored(*later: dict[str, Any] | Choice) -> art.Trajectory:
+        t = art.Trajectory(
+            messages_and_choices=[*opening, *later], metadata={"scenario_id": scenario.id}
+        )
+        return attach_outcome(t, reward=1.0, feedback="", metrics={})
+
+    leaky = scored(choice("1"), {"role": "user", "content": "No."}, choice(MARKER))
+    fine = scored(choice("1"), {"role": "user", "content": "No."}, choice("2"))
+    outcome = HintOutcome(record=HintRecord(scenario_id=scenario.id, hint=MARKER), calls=1)
+    item = Hinted(scenario, art.TrajectoryGroup([]), outcome, art.TrajectoryGroup([leaky, fine]))
+    verified = relabel_hinted([item], EIConfig(keep_per_x=2), None)
+    assert verified.echoed == 1 and verified.correct == 2
+    (recovered,) = verified.recovered
+    assert [turns(t)[-1]["content"] for t in recovered.best] == ["2"]
+    assert verified.records[0].hinted_correct == 2
+
+
+def test_round_records_are_written_once_per_round(tmp_path: Path) -> None:
+    """`write_round_records` (both loops' one call) replaces a round's hint lines when the
+    round is redone after a kill; other rounds' lines stay, a torn line goes."""
+    files = RunFiles(tmp_path)
+
+    def output(r: int, *hints: str) -> RoundOutput:
+        records = tuple(HintRecord(scenario_id=f"s{i}", hint=h) for i, h in enumerate(hints))
+        buffer = RoundBuffer(
+            round=r, scenario_ids=(), examples=(), hints=records, stats=RoundStats(round=r)
+        )
+        return RoundOutput(buffer, [], [])
+
+    write_round_records(files, output(0, "a", "b"))
+    with (tmp_path / "ei" / "hints.jsonl").open("a") as handle:
+        handle.write('{"round": 1, "scenario_id": "s0", "hi')  # killed mid-line
+    write_round_records(files, output(1, "c"), tag="_ei")
+    write_round_records(files, output(1, "d"), tag="_ei")  # round 1 redone
+    rows = [json.loads(line) for line in (tmp_path / "ei" / "hints.jsonl").read_text().splitlines()]
+    assert [(r["round"], r["hint"]) for r in rows] == [(0, "a"), (0, "b"), (1, "d")]
+    assert (tmp_path / "trajectories" / "train_0001_ei.jsonl").exists()
+    assert RoundBuffer.model_validate_json((tmp_path / "ei" / "round_0001.json").read_text())
 
 
 # ------------------------------------------------------------------ a real round

@@ -17,10 +17,11 @@ import pytest
 
 from art_rlvr.config import parse_args
 from art_rlvr.gepa.adapter import Journal
-from art_rlvr.loops.files import RunFiles, StateFileError, drop_torn_tail
-from art_rlvr.loops.rl import RunContext
+from art_rlvr.loops.context import RunContext
+from art_rlvr.outcome import feedback_of
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
 from art_rlvr.run import run_mode
+from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
 from art_rlvr.scenario import Scenario
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -169,7 +170,7 @@ async def test_policy_output_nothing_cut_off_or_garbage_scores_without_raising(
     trajectories = groups[0].trajectories
     assert [t.reward for t in trajectories] == [reward, reward]
     assert {t.metrics["truncated"] for t in trajectories} == {truncated}
-    assert all(feedback in t.logs[0] for t in trajectories)
+    assert all(feedback in feedback_of(t) for t in trajectories)
 
 
 # ---- a kill after the checkpoint landed, before the step was booked ----------------------

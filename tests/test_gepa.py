@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import art
 import pytest
 from gepa.core.adapter import EvaluationBatch
 
+from art_rlvr.episodes import EpisodeScore, run_episode
 from art_rlvr.gepa import (
     ARTPromptAdapter,
     BudgetExceeded,
@@ -31,20 +33,23 @@ from art_rlvr.gepa import (
     ScenarioEval,
     optimize_prompt,
 )
-from art_rlvr.gepa.optimizer import eviction, frontier_indices, select_parent, split_train
+from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
 from art_rlvr.gepa.proposal import (
     check_proposal,
+    episode_text,
     extract_fenced,
     gold_answers_for_leak_check,
     leaked_answers,
     reflection_messages,
     reflective_records,
 )
-from art_rlvr.gepa.records import RolloutTrace
-from art_rlvr.loops.rl import batch_scenarios
+from art_rlvr.gepa.records import HistoryEvent, RejectionKind, RolloutTrace
+from art_rlvr.gepa.start import choose_seed_prompt, split_train
 from art_rlvr.rollouts import SamplingConfig
-from art_rlvr.scenario import prompt_hash
+from art_rlvr.scenario import batch_scenarios
 from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.text import prompt_hash
 
 KEY = "sk-gepa-secret-do-not-write-0815"
 SEED = "Answer the question."
@@ -118,7 +123,8 @@ def test_leak_check_matches_whole_answers_only() -> None:
 
 def test_check_proposal_reasons() -> None:
     common = {"parents": ["Old."], "known": {"tried before.": "rejected: worse"}, "answers": ["42"]}
-    ok, why = check_proposal("```\nNew idea.\n```", "stop", max_chars=50, **common)
+    verdict = check_proposal("```\nNew idea.\n```", "stop", max_chars=50, **common)
+    ok, why = verdict.prompt, verdict.reason
     assert (ok, why) == ("New idea.", None)
     for reply, finish, reason in [
         ("```\nNew idea", "length", "cut off at the token limit"),
@@ -132,8 +138,130 @@ def test_check_proposal_reasons() -> None:
         ("```\nTried   before.\n```", "stop", "repeats an earlier proposal (rejected: worse)"),
         ("```\n\n```", "stop", "empty"),
     ]:
-        _, why = check_proposal(reply, finish, max_chars=50, **common)
+        why = check_proposal(reply, finish, max_chars=50, **common).reason
         assert why is not None and reason in why, (reply, why)
+
+
+REPLY_SHAPES = [
+    # (reply, finish_reason, rejection kind or None for a usable proposal)
+    ("```\nNew idea.\n```", "stop", None),
+    ("Sure:\n```text\nNew idea.\n```\nDone.", "stop", None),
+    ("no fence at all", "stop", RejectionKind.NO_FENCED_PROMPT),
+    ("```\nNew idea", "length", RejectionKind.NO_FENCED_PROMPT),
+    ("```\n\n```", "stop", RejectionKind.EMPTY),
+    ("Here:\n```\n   \n```", "stop", RejectionKind.EMPTY),
+    ("```\n" + "x" * 60 + "\n```", "stop", RejectionKind.TOO_LONG),
+    ("```\nThe answer is 42.\n```", "stop", RejectionKind.LEAK),
+    ("```\n  old. \n```", "stop", RejectionKind.UNCHANGED),
+    ("```\nTried   before.\n```", "stop", RejectionKind.REPEAT),
+]
+
+
+@pytest.mark.parametrize(("reply", "finish", "kind"), REPLY_SHAPES)
+def test_proposal_check_returns_the_rejection_kind(
+    reply: str, finish: str, kind: RejectionKind | None
+) -> None:
+    """The kind is decided by the check, not read back out of the reason's words: an empty
+    fenced instruction is `empty` (word matching counted it as `no_fenced_prompt`)."""
+    verdict = check_proposal(
+        reply,
+        finish,
+        parents=["Old."],
+        known={"tried before.": "rejected: worse"},
+        answers=["42"],
+        max_chars=50,
+    )
+    assert verdict.rejection == kind
+    assert (verdict.reason is None) == (kind is None)
+
+
+def test_summary_counts_rejections_by_their_recorded_kind() -> None:
+    def refused(kind: RejectionKind | None, reason: str) -> HistoryEvent:
+        return HistoryEvent(iteration=0, kind="reflection", reason=reason, rejection=kind)
+
+    history = (
+        refused(RejectionKind.EMPTY, "the fenced instruction was empty"),
+        refused(RejectionKind.NO_FENCED_PROMPT, "no complete ``` fenced instruction"),
+        refused(RejectionKind.EMPTY, "the fenced instruction was empty"),
+        refused(None, "written before kinds were recorded"),
+        HistoryEvent(iteration=1, kind="reflection_error", reason="timeout"),
+    )
+    result = GEPAResult(
+        best_prompt=SEED,
+        best_index=0,
+        seed_prompt=SEED,
+        frontier=(),
+        candidates=(),
+        history=history,
+        iterations=2,
+        stop_reason="",
+        metric_calls_used=0,
+        max_metric_calls=1,
+        reflector="scripted",
+        reflection={},
+        counts={},
+    )
+    assert result.summary()["rejected"] == {"empty": 2, "no_fenced_prompt": 1, "other": 1}
+
+
+@pytest.mark.parametrize(
+    ("given", "gepa", "run", "expected"),
+    [
+        ("given", "gepa", "run", "given"),
+        (None, "gepa", "run", "gepa"),
+        (None, None, "run", "run"),
+        (None, None, None, "task"),
+        ("", "gepa", None, ""),  # an empty prompt is a choice, not a missing one
+    ],
+)
+def test_seed_prompt_precedence(given, gepa, run, expected) -> None:
+    assert choose_seed_prompt(given=given, gepa=gepa, run=run, task_default="task") == expected
+
+
+async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
+    """A real tool-using episode (scripted policy on loopback): the evaluation is built from the
+    trajectory contract, its inputs are the opening messages, and the reflection LM is shown
+    every turn, tool call and tool result, with the reward's feedback."""
+
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first addend.
+            b: The second addend.
+        """
+        return a + b
+
+    script = [Step.calls(("add", {"a": 2, "b": 3}), text="Let me add."), Step.reply("It is 6.")]
+    messages = [{"role": "system", "content": SEED}, {"role": "user", "content": "2 + 3?"}]
+    with ScriptedServer(script) as server:
+        policy = art.Model(
+            name="episode",
+            project="t",
+            inference_base_url=server.base_url,
+            inference_api_key="k",
+            inference_model_name="scripted",
+        )
+        trajectory = await run_episode(
+            policy,
+            messages,
+            tools=[add],
+            score=lambda t: EpisodeScore(reward=0.0, feedback="the sum is 5"),
+            metadata={"scenario_id": "sum"},
+        )
+    ev = scenario_eval(art.TrajectoryGroup([trajectory]), SEED)
+    (rollout,) = ev.rollouts
+    assert (ev.scenario_id, ev.inputs, ev.prompt_hash) == ("sum", "2 + 3?", prompt_hash(SEED))
+    assert (rollout.output, rollout.reward, rollout.feedback) == ("It is 6.", 0.0, "the sum is 5")
+    assert [m["role"] for m in rollout.episode] == ["assistant", "tool", "assistant"]
+    shown = reflective_records([ev], limit=4)[0]
+    assert shown["Inputs"] == "2 + 3?" and shown["Feedback"] == "reward 0.00: the sum is 5"
+    text = shown["Generated Outputs"]
+    assert text == episode_text(rollout.episode)
+    for part in ("[assistant] Let me add.", "[tool call] add(", "[tool result] 5", "It is 6."):
+        assert part in text, text
+    # a single reply is shown as its bare text, as before
+    assert episode_text([{"role": "assistant", "content": "7"}]) == "7"
 
 
 def test_reflective_records_put_failures_first_and_keep_contrast() -> None:
@@ -386,6 +514,27 @@ def test_history_budget_and_secrets_on_disk(gauntlet) -> None:
         if path.is_file():
             assert KEY not in path.read_text(errors="ignore"), path
     assert log_lines and not any(KEY in line for line in log_lines)
+
+
+async def test_empty_fenced_reply_is_counted_as_empty(model, task, tmp_path) -> None:
+    """summary.json counts refusals by the kind the check decided: an empty fenced instruction
+    was counted as `no_fenced_prompt` when kinds were guessed from the reason's words."""
+    steps = [
+        Step.reply("Here it is:\n```\n\n```"),
+        Step.truncated("Better:\n```\nReply with only the"),
+        fenced(GOOD),
+    ]
+    with ScriptedServer(steps) as server:
+        cfg = gepa_config(server, max_iterations=1, max_tokens=8, min_improvement_threshold=1.0)
+        result = await optimize_prompt(model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path)
+    assert result.summary()["rejected"] == {"empty": 1, "no_fenced_prompt": 1, "no_improvement": 1}
+    assert [e.rejection for e in result.history] == [
+        RejectionKind.EMPTY,
+        RejectionKind.NO_FENCED_PROMPT,
+        RejectionKind.NO_IMPROVEMENT,
+    ]
+    on_disk = [json.loads(x) for x in (tmp_path / "prompt_history.jsonl").read_text().splitlines()]
+    assert [row["rejection"] for row in on_disk] == ["empty", "no_fenced_prompt", "no_improvement"]
 
 
 async def test_better_prompt_is_found_accepted_and_beats_the_seed_on_val(

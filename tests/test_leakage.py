@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from art_rlvr.leakage import answer_forms, answer_value, leaked_answers, leaks
+from art_rlvr.leakage import answer_forms, answer_value, leaked_answers, leaks, quotes
 
 
 @pytest.mark.parametrize(
@@ -102,3 +102,31 @@ def test_every_listed_form_is_caught(answer: str) -> None:
 
 def test_leaked_answers_keeps_order_and_drops_duplicates() -> None:
     assert leaked_answers("13 and seven", ["7", "13", "7", "8"]) == ["7", "13"]
+
+
+HINT = "Add the tens first, then the units."
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "quoted"),
+    [
+        ("85", 4, False),
+        ("add the tens: 80, then 5", 4, False),  # three words in a row: fine
+        ("ADD THE TENS FIRST, so 80", 4, True),  # case and punctuation ignored
+        ("first, then the units give 85", 4, True),
+        ("first add the tens", 4, False),
+        ("first add the tens", 2, True),
+        ("Add the tens first, then the units.", None, True),
+        ("Add the tens first, then 5 units.", None, False),  # all of it, in order
+        ("anything", 4, False),
+    ],
+)
+def test_quotes(text: str, n: int | None, quoted: bool) -> None:
+    assert quotes(text, HINT, n) is quoted
+
+
+@pytest.mark.parametrize(
+    ("source", "quoted"), [("carry", True), ("the one", True), ("carry two", False), ("", False)]
+)
+def test_a_source_shorter_than_n_words_is_quoted_only_whole(source: str, quoted: bool) -> None:
+    assert quotes("remember to carry the one", source, 4) is quoted

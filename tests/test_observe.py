@@ -106,29 +106,29 @@ TINY_SCHEDULE = [
     "eval_test=false",
     "groups_per_batch=2",
     "group_size=2",
-    "n_rounds=1",
+    "rounds=1",
     "rl_batches_per_round=1",
     "max_metric_calls=12",
     "max_iterations=1",
     "pareto_size=4",
     "traces_per_iteration=2",
-    "rollouts_per_problem=1",
+    "group_size=1",
     "min_improvement_threshold=-1",
     "report_val_limit=0",
     "scenarios_per_round=2",
-    "expert_samples_per_x=2",
+    "group_size=2",
     "enable_teacher_hints=true",
 ]
 
 
 def scripted_llm_args(server: ScriptedServer) -> list[str]:
     return [
-        "reflection_model=openai/scripted",
-        f"reflection_api_base={server.base_url}",
-        "reflection_api_key_env=OBSERVE_LLM_KEY",
-        "teacher_model=openai/scripted",
-        f"teacher_api_base={server.base_url}",
-        "teacher_api_key_env=OBSERVE_LLM_KEY",
+        "reflection.model=openai/scripted",
+        f"reflection.api_base={server.base_url}",
+        "reflection.api_key_env=OBSERVE_LLM_KEY",
+        "teacher.model=openai/scripted",
+        f"teacher.api_base={server.base_url}",
+        "teacher.api_key_env=OBSERVE_LLM_KEY",
     ]
 
 

@@ -7,6 +7,7 @@ import json
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,10 @@ from art_rlvr.rewards.code import (
     build_program,
     code,
     extract_code,
-    sandbox_processes,
     sandbox_unavailable_reason,
     split_tests,
 )
+from art_rlvr.rewards.sandbox import LAUNCHER, sandbox_problem, sandbox_processes
 
 pytestmark = pytest.mark.skipif(
     sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason())
@@ -46,23 +47,30 @@ def humaneval_tasks() -> list[dict]:
 
 
 def leftovers() -> list[int]:
-    """Sandbox-uid processes, plus any launcher or sandbox init still alive."""
+    """Sandbox-uid processes, plus any launcher or bwrap still alive (their command lines name
+    the launcher)."""
     found = set(sandbox_processes())
+    marks = {str(LAUNCHER).encode(), b"/launcher.py"}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"def build_root" in (entry / "cmdline").read_bytes():
+                if marks & set((entry / "cmdline").read_bytes().split(b"\0")):
                     found.add(int(entry.name))
             except OSError:
                 continue
     return sorted(found)
 
 
-async def assert_no_leftovers() -> None:
+async def settled(find: Callable[[], list[int]]) -> list[int]:
+    """What `find` still finds after up to 3 s of waiting for it to find nothing."""
     deadline = time.monotonic() + 3.0
-    while leftovers() and time.monotonic() < deadline:
+    while find() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert leftovers() == []
+    return find()
+
+
+async def assert_no_leftovers() -> None:
+    assert await settled(leftovers) == []
 
 
 @pytest.mark.parametrize(
@@ -220,34 +228,75 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("name", HOSTILE)
-async def test_hostile_programs_are_contained(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", f"sk-fake-artrlvr-{secrets.token_hex(8)}")
-    home = Path.home() / f"art-rlvr-escape-{secrets.token_hex(4)}"
-    outside = tmp_path / "escape" / "pwned.txt"
+async def observe_hostile(
+    name: str,
+    home: Path,
+    outside: Path,
+    sandbox: str,
+    inside: Callable[[], list[int]],
+    leftover: Callable[[], list[int]],
+) -> dict:
+    """Run one hostile case and note what a test checks: the score, the time, how many
+    processes the sandbox held mid-run (`inside`), whether a loopback listener was reached, and
+    which processes are left (`leftover`). Plain data, so a process dropped to another user can
+    run it and hand it back as JSON (test_sandbox_unprivileged.py)."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         listener.setblocking(False)
-        body, limits, fragment = hostile_cases(home, outside, listener.getsockname()[1])[name]
-        reward = CodeReward(limits=limits)
+        body, limits, _ = hostile_cases(home, outside, listener.getsockname()[1])[name]
+        reward = CodeReward(limits=limits, sandbox=sandbox)
         run = asyncio.ensure_future(reward(ONE, body))
+        during = None
         if name == "fork bomb":
             await asyncio.sleep(1.2)
-            assert 0 < len(sandbox_processes()) <= 8  # RLIMIT_NPROC holds for the throwaway uid
+            during = len(inside())
         started = time.monotonic()
         score = await run
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nothing ever reached the host's loopback
-    assert score.reward == 0.0 and score.metrics["correct"] == 0.0
-    assert fragment in score.feedback, score.feedback
-    assert "sk-fake" not in score.feedback
-    assert time.monotonic() - started < reward.limits.timeout_s + 3
+        seconds = time.monotonic() - started
+        try:
+            listener.accept()[0].close()
+            reached = True
+        except BlockingIOError:
+            reached = False
+    return {
+        "reward": score.reward,
+        "correct": score.metrics["correct"],
+        "feedback": score.feedback,
+        "seconds": seconds,
+        "timeout_s": reward.limits.timeout_s,
+        "max_processes": reward.limits.max_processes,
+        "during": during,
+        "reached": reached,
+        "leftovers": await settled(leftover),
+    }
+
+
+def assert_contained(name: str, seen: dict, home: Path, outside: Path) -> None:
+    fragment = hostile_cases(home, outside, 0)[name][2]
+    assert not seen["reached"]  # nothing ever reached the host's loopback
+    assert seen["reward"] == 0.0 and seen["correct"] == 0.0
+    assert fragment in seen["feedback"], seen["feedback"]
+    assert "sk-fake" not in seen["feedback"]
+    assert seen["seconds"] < seen["timeout_s"] + 3
+    if name == "fork bomb":  # RLIMIT_NPROC holds inside the sandbox
+        assert 0 < seen["during"] <= seen["max_processes"]
     assert not home.exists() and not outside.exists()
     assert not Path("/var/tmp/art-rlvr-escape").exists()
-    await assert_no_leftovers()
+    assert seen["leftovers"] == []
+
+
+@pytest.mark.skipif(sandbox_problem("root") is not None, reason=str(sandbox_problem("root")))
+@pytest.mark.parametrize("name", HOSTILE)
+async def test_hostile_programs_are_contained(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The root sandbox; test_sandbox_unprivileged.py runs the same table as a real user."""
+    monkeypatch.setenv("OPENAI_API_KEY", f"sk-fake-artrlvr-{secrets.token_hex(8)}")
+    home = Path.home() / f"art-rlvr-escape-{secrets.token_hex(4)}"
+    outside = tmp_path / "escape" / "pwned.txt"
+    seen = await observe_hostile(name, home, outside, "root", sandbox_processes, leftovers)
+    assert_contained(name, seen, home, outside)
 
 
 async def test_sandbox_does_not_block_the_event_loop() -> None:

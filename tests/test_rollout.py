@@ -6,8 +6,8 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
-from art_rlvr.scenario import prompt_hash
 from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.text import prompt_hash
 
 
 async def test_rollout_records_choice_reward_and_metadata(model, task) -> None:
@@ -20,7 +20,7 @@ async def test_rollout_records_choice_reward_and_metadata(model, task) -> None:
     assert t.reward in (0.0, 1.0) and t.metrics["correct"] == t.reward
     assert t.metadata["scenario_id"] == sc.id
     assert t.metadata["prompt_hash"] == prompt_hash(task.default_system_prompt)
-    assert t.logs and t.logs[0]
+    assert t.metadata["feedback"]
 
 
 async def test_custom_system_prompt_changes_hash(model, task) -> None:

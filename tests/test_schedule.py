@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from art_rlvr.config import parse_args
-from art_rlvr.loops.files import RunFiles
-from art_rlvr.loops.rl import RunContext
+from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.schedule import plan, run_schedule
+from art_rlvr.runfiles import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-schedule-test"
@@ -57,18 +57,18 @@ def schedule_args(server: ScriptedServer, run_dir: Path, *extra: str) -> list[st
         "eval_test=false",
         "groups_per_batch=2",
         "group_size=2",
-        "n_rounds=2",
+        "rounds=2",
         "rl_batches_per_round=1",
         "learning_rate=1e-4",
-        "reflection_model=openai/scripted",
-        f"reflection_api_base={server.base_url}",
-        "reflection_api_key_env=SCHEDULE_KEY",
-        "reflection_backoff_s=0.01",
+        "reflection.model=openai/scripted",
+        f"reflection.api_base={server.base_url}",
+        "reflection.api_key_env=SCHEDULE_KEY",
+        "reflection.backoff_s=0.01",
         "max_metric_calls=16",
         "max_iterations=1",
         "pareto_size=6",
         "traces_per_iteration=2",
-        "rollouts_per_problem=1",
+        "group_size=1",
         "min_improvement_threshold=-1",  # admit any proposal; the Pareto set picks the best
         "report_val_limit=0",
     ]
@@ -138,9 +138,9 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
 ) -> None:
     extra = [
         "mode=gepa_rl_ei",
-        "n_rounds=1",
+        "rounds=1",
         "rl_batches_per_round=2",
-        "expert_samples_per_x=2",
+        "group_size=2",
         "scenarios_per_round=4",
     ]
     env = {**os.environ, "SCHEDULE_KEY": KEY}

@@ -6,12 +6,13 @@ mid-save leaves either the whole checkpoint or none (ART's step discovery ignore
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from art_rlvr.runfiles import write_json_atomic  # noqa: F401  (torch_backend saves through it)
 
 
 def checkpoint_dir(model_dir: Path, step: int) -> Path:
@@ -65,18 +66,3 @@ def delete_steps(model_dir: Path, keep: set[int]) -> list[int]:
     for step in removed:
         shutil.rmtree(checkpoint_dir(model_dir, step), ignore_errors=True)
     return removed
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """temp file + fsync + rename: readers see the old or the new file, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(tmp).replace(path)
-    finally:
-        if Path(tmp).exists():
-            Path(tmp).unlink()

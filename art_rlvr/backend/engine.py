@@ -2,9 +2,15 @@
 
 Concurrent requests are coalesced into one left-padded batch, prefilled together and decoded
 step by step with a shared KV cache; finished rows are dropped from the cache so the batch
-shrinks as it goes. Each row keeps its own temperature, top-p, stop strings, token budget and
-(optionally) seed. Sampling log-probabilities are those of the untempered model distribution,
-the same quantity the trainer recomputes, so importance ratios compare like with like.
+shrinks as it goes. Each row keeps its own temperature, top-p, stop strings, token budget,
+(optionally) seed and grammar. Sampling log-probabilities are those of the untempered model
+distribution, the same quantity the trainer recomputes, so importance ratios compare like with
+like. Under a grammar (constrained decoding) the forbidden tokens' logits are -inf before both
+sampling and the logprob, so a row's logprob is that of the untempered distribution
+renormalised over the allowed tokens (a forced token gets 0.0): what vLLM V1 reports too, as it
+applies the grammar bitmask to the logits its sampler takes raw logprobs from. The trainer
+recomputes unmasked logprobs, so on constrained tokens the importance ratio is not 1 even on
+policy; ART on vLLM has the same property.
 
 The engine runs its own thread; torch releases the GIL in its kernels, so the asyncio server
 stays responsive. The `model_lock` is shared with the trainer so that weights never change
@@ -18,13 +24,16 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import DynamicCache
+
+from art_rlvr.backend.constrained import Grammars
 
 
 class SamplingParams(BaseModel):
@@ -38,6 +47,7 @@ class SamplingParams(BaseModel):
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # vLLM's option: keep sampling past end-of-sequence (benchmarks)
+    grammar: str | None = None  # an xgrammar structural tag (JSON text): constrained decoding
 
 
 @dataclass
@@ -50,6 +60,15 @@ class Completion:
     finish_reason: str  # "stop" | "length"
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of choice `index`, reported as soon as it is sampled (streaming)."""
+
+    index: int
+    token_id: int
+    logprob: float
+
+
 @dataclass
 class _Request:
     adapter: str | None
@@ -57,6 +76,8 @@ class _Request:
     params: SamplingParams
     n: int
     done: Callable[[list[Completion] | BaseException], None]
+    grammar: Any = None  # xgrammar.CompiledGrammar
+    on_token: Callable[[TokenEvent], None] | None = None
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -67,6 +88,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
+    matcher: Any = None  # xgrammar.GrammarMatcher for a constrained row
     result: Completion | None = None
 
 
@@ -187,6 +209,8 @@ class GenerationEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = EngineStats()
+        vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.grammars = Grammars(tokenizer, vocab_size, self.eos_ids)
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._pending: list[_Request] = []
@@ -198,13 +222,6 @@ class GenerationEngine:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
     ) -> list[Completion]:
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        if len(prompt_ids) + params.max_tokens > self.max_context:
-            raise ContextLengthError(
-                f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
-                f"the context length {self.max_context}"
-            )
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Completion]] = loop.create_future()
 
@@ -219,8 +236,51 @@ class GenerationEngine:
 
             loop.call_soon_threadsafe(settle)
 
-        self._queue.put(_Request(adapter, list(prompt_ids), params, n, done))
+        await self._submit(prompt_ids, params, n, adapter, done, None)
         return await future
+
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
+    ) -> AsyncIterator[TokenEvent | list[Completion]]:
+        """Each token as it is sampled, then the finished completions (the same ones
+        `generate` returns). A bad request raises at the first `anext`, before any token."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[TokenEvent | list[Completion] | BaseException] = asyncio.Queue()
+
+        def push(item: TokenEvent | list[Completion] | BaseException) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        await self._submit(prompt_ids, params, n, adapter, push, push)
+        while True:
+            item = await items.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, list):
+                return
+
+    async def _submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int,
+        adapter: str | None,
+        done: Callable[[list[Completion] | BaseException], None],
+        on_token: Callable[[TokenEvent], None] | None,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) + params.max_tokens > self.max_context:
+            raise ContextLengthError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} exceeds "
+                f"the context length {self.max_context}"
+            )
+        grammar = (
+            await asyncio.to_thread(self.grammars.compile, params.grammar)
+            if params.grammar is not None
+            else None
+        )
+        self._queue.put(_Request(adapter, list(prompt_ids), params, n, done, grammar, on_token))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -354,6 +414,7 @@ class GenerationEngine:
                     if request.params.seed is not None
                     else None
                 ),
+                matcher=self.grammars.matcher(request.grammar) if request.grammar else None,
             )
             for request in requests
             for i in range(request.n)
@@ -428,6 +489,10 @@ class GenerationEngine:
         for slot, row in enumerate(batch.rows):
             row.tokens.append(tokens[slot])
             row.logprobs.append(logps[slot])
+            if row.matcher is not None and not row.matcher.accept_token(tokens[slot]):
+                raise RuntimeError(f"grammar rejected its own token {tokens[slot]}")
+            if row.request.on_token is not None:
+                row.request.on_token(TokenEvent(row.index, tokens[slot], logps[slot]))
             if self._finish(row):
                 self._retire(batch, row)
             else:
@@ -463,6 +528,7 @@ class GenerationEngine:
             request.done([r.result for r in done if r.result is not None])
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
+        self.grammars.mask(logits, [r.matcher for r in rows])
         uniform = torch.empty(len(rows), dtype=torch.float64)
         shared = [i for i, r in enumerate(rows) if r.generator is None]
         if shared:
@@ -483,6 +549,9 @@ class GenerationEngine:
     def _finish(self, row: _Row) -> bool:
         params = row.request.params
         token = row.tokens[-1]
+        if row.matcher is not None and row.matcher.is_terminated():
+            row.result = self._complete(row, "stop", include_last=token not in self.eos_ids)
+            return True
         if token in self.eos_ids and not params.ignore_eos:
             row.result = self._complete(row, "stop", include_last=False)
             return True

@@ -10,23 +10,66 @@ caller that blocks its loop (a sync reflection call, a notebook cell) cannot sta
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from art_rlvr.backend.engine import Completion, ContextLengthError, SamplingParams
+from art_rlvr.backend.chat import parse_tool_calls, scan
+from art_rlvr.backend.constrained import json_grammar, tool_call_grammar
+from art_rlvr.backend.engine import Completion, ContextLengthError, SamplingParams, TokenEvent
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class JsonSchemaSpec(_Strict):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
 
 
 class ChatRequest(BaseModel):
@@ -46,25 +89,68 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
     stream: bool = False
-    tools: list[Any] | None = None
+    stream_options: StreamOptions | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("streaming is not supported by TorchBackend")
-        return value
+    @model_validator(mode="after")
+    def _coherent(self) -> ChatRequest:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            raise ValueError(f"tools: function names must be unique, got {names}")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice: only allowed when tools are given")
+        named = self.tool_choice
+        if isinstance(named, NamedToolChoice) and named.function.name not in names:
+            raise ValueError(
+                f"tool_choice: function {named.function.name!r} is not among the tools {names}"
+            )
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+            raise ValueError("response_format: type json_schema needs a json_schema object")
+        if self.forces_tool_call and fmt is not None and fmt.type != "text":
+            raise ValueError("response_format: cannot be combined with a forced tool_choice")
+        return self
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tool calling is not supported by TorchBackend")
-        return value
+    @property
+    def choice(self) -> str | NamedToolChoice:
+        """vLLM's defaults: `auto` when tools are given, `none` without."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return self.choice == "required" or isinstance(self.choice, NamedToolChoice)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def grammar(self) -> str | None:
+        """The constraint on the reply: a forced tool call, or a JSON response format."""
+        tools = self.tool_dicts() or []
+        if isinstance(self.choice, NamedToolChoice):
+            named = [t for t in tools if t["function"]["name"] == self.choice.function.name]
+            return tool_call_grammar(named, parallel=False)
+        if self.choice == "required":
+            return tool_call_grammar(tools, parallel=self.parallel_tool_calls)
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return json_grammar({"type": "object"})
+        assert fmt.json_schema is not None
+        return json_grammar(fmt.json_schema.schema_ or True)
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -75,6 +161,7 @@ class ChatRequest(BaseModel):
             stop=tuple(s for s in stops if s),
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            grammar=self.grammar(),
         )
 
 
@@ -84,10 +171,12 @@ class ModelNotFound(LookupError):
 
 @dataclass(frozen=True)
 class Route:
-    """What a model name resolves to: a tokenizer-aware generate function."""
+    """What a model name resolves to: rendering, generation (whole or streamed), decoding."""
 
-    render: Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]
+    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], list[int]]
     generate: Callable[[list[int], SamplingParams, int], Awaitable[list[Completion]]]
+    stream: Callable[[list[int], SamplingParams, int], AsyncIterator[TokenEvent | list[Completion]]]
+    decode: Callable[[list[int]], str]
     decode_token: Callable[[int], str]
 
 
@@ -125,8 +214,8 @@ def build_app(
             ],
         }
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
         body = await request.body()
         if len(body) > max_request_bytes:
             return _error(413, f"request body over {max_request_bytes} bytes")
@@ -135,20 +224,74 @@ def build_app(
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            return _error(400, f"{where}: {first['msg']}")
+            message = first["msg"].removeprefix("Value error, ")
+            return _error(400, f"{where}: {message}" if where else message)
         try:
             route = resolve(req.model)
-            prompt_ids = route.render(req.messages, req.chat_template_kwargs or {})
-            completions = await route.generate(prompt_ids, req.sampling(default_max_tokens), req.n)
+            prompt_ids = route.render(
+                req.messages, req.tool_dicts(), req.chat_template_kwargs or {}
+            )
+            sampling = req.sampling(default_max_tokens)
+            if req.stream:
+                events = route.stream(prompt_ids, sampling, req.n)
+                first = await anext(events)
+            else:
+                completions = await route.generate(prompt_ids, sampling, req.n)
         except ModelNotFound as error:
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
         except (ValueError, TypeError, KeyError) as error:
             return _error(400, f"bad request: {error}")
+        if req.stream:
+            return StreamingResponse(
+                _sse(req, prompt_ids, first, events, route),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         return JSONResponse(_response(req, prompt_ids, completions, route.decode_token))
 
     return app
+
+
+def _token_label(req: ChatRequest, decode_token: Callable[[int], str], token: int) -> str:
+    return f"token_id:{token}" if req.return_tokens_as_token_ids else decode_token(token)
+
+
+def _logprobs(
+    req: ChatRequest, decode_token: Callable[[int], str], tokens: list[int], logprobs: list[float]
+) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": _token_label(req, decode_token, t),
+                "logprob": lp,
+                "bytes": None,
+                "top_logprobs": [],
+            }
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ]
+    }
+
+
+def _message(req: ChatRequest, c: Completion) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason: tool calls parsed out when tools are on."""
+    if not req.parses_tool_calls:
+        return {"role": "assistant", "content": c.text}, c.finish_reason
+    content, calls = parse_tool_calls(c.text)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message, "tool_calls" if calls else c.finish_reason
+
+
+def _usage(prompt_ids: list[int], completions: list[Completion]) -> dict[str, int]:
+    completion_tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": completion_tokens,
+        "total_tokens": len(prompt_ids) + completion_tokens,
+    }
 
 
 def _response(
@@ -157,45 +300,124 @@ def _response(
     completions: list[Completion],
     decode_token: Callable[[int], str],
 ) -> dict[str, Any]:
-    def token_label(token: int) -> str:
-        return f"token_id:{token}" if req.return_tokens_as_token_ids else decode_token(token)
-
     choices = []
     for index, c in enumerate(completions):
+        message, finish_reason = _message(req, c)
         choice: dict[str, Any] = {
             "index": index,
-            "message": {"role": "assistant", "content": c.text},
-            "finish_reason": c.finish_reason,
-            "logprobs": (
-                {
-                    "content": [
-                        {"token": token_label(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                        for t, lp in zip(c.token_ids, c.logprobs, strict=True)
-                    ]
-                }
-                if req.logprobs
-                else None
-            ),
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": _logprobs(req, decode_token, c.token_ids, c.logprobs)
+            if req.logprobs
+            else None,
         }
         if req.return_token_ids:
             choice["token_ids"] = c.token_ids
         choices.append(choice)
-    completion_tokens = sum(len(c.token_ids) for c in completions)
     payload: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
+        "usage": _usage(prompt_ids, completions),
     }
     if req.return_token_ids:
         payload["prompt_token_ids"] = prompt_ids
     return payload
+
+
+@dataclass
+class _ChoiceStream:
+    """What one streamed choice has sent so far; turns growing text into deltas.
+
+    Text that may still change is held back: a possible stop string's first characters, a
+    partial UTF-8 character, and (with tools) an open or half-typed `<tool_call>` block. So the
+    deltas add up to exactly the non-streamed message."""
+
+    parse_tools: bool
+    holdback: int
+    tokens: list[int] = field(default_factory=list)
+    content: str = ""
+    calls: int = 0
+
+    def deltas(self, text: str, *, final: bool) -> list[dict[str, Any]]:
+        if not final:
+            text = text[: len(text) - self.holdback].rstrip("\ufffd")
+        content, calls = scan(text, final=final) if self.parse_tools else (text, [])
+        out: list[dict[str, Any]] = []
+        if len(content) > len(self.content) and content.startswith(self.content):
+            out.append({"content": content[len(self.content) :]})
+            self.content = content
+        for k, call in enumerate(calls[self.calls :], start=self.calls):
+            function = call["function"]
+            head = {"id": call["id"], "type": "function", "function": {"name": function["name"]}}
+            out.append({"tool_calls": [{"index": k, **head}]})
+            out.append(
+                {"tool_calls": [{"index": k, "function": {"arguments": function["arguments"]}}]}
+            )
+        self.calls = len(calls)
+        return out
+
+
+async def _sse(
+    req: ChatRequest,
+    prompt_ids: list[int],
+    first: TokenEvent | list[Completion],
+    events: AsyncIterator[TokenEvent | list[Completion]],
+    route: Route,
+) -> AsyncIterator[str]:
+    """Server-sent events in the OpenAI chunk format, vLLM's token metadata on each chunk."""
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": req.model,
+    }
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    holdback = max((len(s) for s in req.sampling(1).stop), default=1) - 1
+    streams = [_ChoiceStream(req.parses_tool_calls, holdback) for _ in range(req.n)]
+    opening = [
+        {"index": i, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+        for i in range(req.n)
+    ]
+    yield chunk(opening, **({"prompt_token_ids": prompt_ids} if req.return_token_ids else {}))
+    try:
+        item: TokenEvent | list[Completion] = first
+        while True:
+            if isinstance(item, list):
+                for index, completion in enumerate(item):
+                    for delta in streams[index].deltas(completion.text, final=True):
+                        yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+                    _, finish_reason = _message(req, completion)
+                    yield chunk([{"index": index, "delta": {}, "finish_reason": finish_reason}])
+                if req.stream_options is not None and req.stream_options.include_usage:
+                    yield chunk([], usage=_usage(prompt_ids, item))
+                break
+            stream = streams[item.index]
+            stream.tokens.append(item.token_id)
+            deltas = stream.deltas(route.decode(stream.tokens), final=False)
+            choice: dict[str, Any] = {"index": item.index, "finish_reason": None}
+            if req.logprobs:
+                choice["logprobs"] = _logprobs(
+                    req, route.decode_token, [item.token_id], [item.logprob]
+                )
+            if req.return_token_ids:
+                choice["token_ids"] = [item.token_id]
+            if deltas or len(choice) > 2:
+                yield chunk([{**choice, "delta": deltas[0] if deltas else {}}])
+            for delta in deltas[1:]:
+                yield chunk([{"index": item.index, "delta": delta, "finish_reason": None}])
+            item = await anext(events)
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception as error:  # the stream has started: report in-band, as OpenAI does
+        message = f"generation failed: {type(error).__name__}: {error}"
+        yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 class ServerThread:

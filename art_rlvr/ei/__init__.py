@@ -17,14 +17,18 @@ _EXPORTS = {
     "obtain_hint": "art_rlvr.ei.hints",
     "make_teacher": "art_rlvr.ei.hints",
     "relabel": "art_rlvr.ei.relabel",
+    "relabel_episode": "art_rlvr.ei.relabel",
+    "hint_leaks": "art_rlvr.ei.relabel",
     "relabel_for_rl": "art_rlvr.ei.relabel",
     "best_attempts": "art_rlvr.ei.relabel",
     "DistillExample": "art_rlvr.ei.records",
+    "Episode": "art_rlvr.ei.records",
     "RoundBuffer": "art_rlvr.ei.records",
     "RoundStats": "art_rlvr.ei.records",
     "EIState": "art_rlvr.ei.records",
     "collect_round": "art_rlvr.ei.expert",
     "distill_round": "art_rlvr.ei.expert",
+    "write_round_records": "art_rlvr.ei.files",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports("art_rlvr.ei", _EXPORTS)

@@ -2,8 +2,14 @@
 then distil the buffer into the weights.
 
 `collect_round` decides everything (and returns it as a `RoundBuffer`, which the loop writes
-to the run folder before training); `distill_round` only trains on a buffer, so a run killed
-between the two resumes by training on the saved buffer.
+to the run folder before training, `ei.files.write_round_records`); `distill_round` only
+trains on a buffer, so a run killed between the two resumes by training on the saved buffer.
+
+A round is a chain of named stages, each a small function over the previous one's data:
+`sample_attempts` -> `select_solved` (keep the best clean attempts, pick the failures) ->
+`hint_failures` (per failure: `ask_teacher`, then `hinted_group`) -> `relabel_hinted` (relabel
+to the clean prompt, leak-check every turn, keep the best) -> `hint_reliance` ->
+`hinted_training_data` -> `round_stats`, assembled into the `RoundBuffer`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,22 +25,26 @@ from typing import Any
 import art
 
 from art_rlvr.ei.config import EIConfig
-from art_rlvr.ei.hints import HintOutcome, echoes_hint, hinted_prompt, obtain_hint
-from art_rlvr.ei.records import DistillExample, HintRecord, RLGroup, RoundBuffer, RoundStats
-from art_rlvr.ei.relabel import (
-    best_attempts,
-    clean_messages,
-    completion_text,
-    example_from,
-    is_correct,
-    relabel,
-    relabel_for_rl,
+from art_rlvr.ei.hints import HintOutcome, hinted_prompt, obtain_hint
+from art_rlvr.ei.records import RoundBuffer
+from art_rlvr.ei.relabel import clean_messages, relabel, relabel_for_rl
+from art_rlvr.ei.stages import (
+    Hinted,
+    Recovered,
+    gold_answer,
+    hinted_training_data,
+    most_common_failure,
+    reference_solution,
+    relabel_hinted,
+    round_stats,
+    select_solved,
+    single_reply,
 )
 from art_rlvr.llm import LLMClient
-from art_rlvr.loops.rl import batch_scenarios
 from art_rlvr.observe import tracing
+from art_rlvr.outcome import completion_text
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_seed
-from art_rlvr.scenario import Scenario, Task
+from art_rlvr.scenario import Scenario, Task, batch_scenarios
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +56,6 @@ class RoundOutput:
     buffer: RoundBuffer
     clean_groups: list[art.TrajectoryGroup]
     hinted_groups: list[art.TrajectoryGroup]
-
-
-def gold_answer(scenario: Scenario, field: str) -> str:
-    return str(scenario.x[field]).strip()
-
-
-def reference_solution(scenario: Scenario, field: str | None) -> str | None:
-    if not field or field not in scenario.x:
-        return None
-    value = str(scenario.x[field]).strip()
-    return value or None
 
 
 async def sample_messages(
@@ -90,26 +88,51 @@ async def hinted_group(
     )
 
 
-def most_common_failure(trajectories: Sequence[art.Trajectory]) -> str | None:
-    """The failed attempt the teacher is shown: the most frequent wrong reply (first on ties)."""
-    wrong = [completion_text(t).strip() for t in trajectories if not is_correct(t)]
-    if not wrong:
-        return None
-    counts: dict[str, int] = {}
-    for text in wrong:
-        counts[text] = counts.get(text, 0) + 1
-    return max(counts, key=lambda k: counts[k])
+async def sample_attempts(
+    model: art.Model,
+    scenarios: Sequence[Scenario],
+    config: EIConfig,
+    round_index: int,
+    *,
+    system_prompt: str | None,
+    sampling: SamplingConfig,
+    max_exceptions: int | float,
+) -> list[art.TrajectoryGroup]:
+    """`expert_samples_per_x` clean attempts per scenario (a failed group is dropped and
+    counted, up to `max_exceptions`, as in ART)."""
+    return await gather_groups(
+        model,
+        scenarios,
+        config.expert_samples_per_x,
+        system_prompt=system_prompt,
+        sampling=sampling,
+        seed=rollout_seed(config.seed, "ei", round_index),
+        max_exceptions=max_exceptions,
+        description=f"ei round {round_index}",
+    )
 
 
-@dataclass
-class _Hinted:
-    scenario: Scenario
-    outcome: HintOutcome | None
-    group: art.TrajectoryGroup | None
-    error: str | None = None
+async def ask_teacher(
+    teacher: LLMClient,
+    scenario: Scenario,
+    clean: art.TrajectoryGroup,
+    messages: Sequence[dict[str, str]],
+    config: EIConfig,
+) -> HintOutcome:
+    """The teacher sees the problem as the student saw it, the gold answer, the reference
+    solution if any, and the most common failed attempt."""
+    return await obtain_hint(
+        teacher,
+        scenario_id=scenario.id,
+        problem=messages[-1]["content"],
+        answer=gold_answer(scenario, config.answer_field),
+        solution=reference_solution(scenario, config.solution_field),
+        attempt=most_common_failure(clean.trajectories),
+        config=config,
+    )
 
 
-async def _hint_and_retry(
+async def hint_and_retry(
     model: art.Model,
     scenario: Scenario,
     clean: art.TrajectoryGroup,
@@ -120,21 +143,13 @@ async def _hint_and_retry(
     system_prompt: str | None,
     sampling: SamplingConfig,
     seed: int,
-) -> _Hinted:
+) -> Hinted:
     """Hint one unsolved scenario and sample under the hinted prompt."""
     messages = list(clean_messages(scenario, system_prompt))
     async with gate:  # one scenario's whole conversation at a time per slot: a stable order
-        outcome = await obtain_hint(
-            teacher,
-            scenario_id=scenario.id,
-            problem=messages[-1]["content"],
-            answer=gold_answer(scenario, config.answer_field),
-            solution=reference_solution(scenario, config.solution_field),
-            attempt=most_common_failure(clean.trajectories),
-            config=config,
-        )
+        outcome = await ask_teacher(teacher, scenario, clean, messages, config)
     if outcome.hint is None:
-        return _Hinted(scenario, outcome, None)
+        return Hinted(scenario, clean, outcome, None)
     prompt = hinted_prompt(messages, outcome.hint)
     try:
         group = await hinted_group(
@@ -142,8 +157,77 @@ async def _hint_and_retry(
         )
     except Exception as error:  # a failed rollout group is counted, like ART's max_exceptions
         log.error("hinted rollouts of %s failed: %s", scenario.id, error)
-        return _Hinted(scenario, outcome, None, error=str(error))
-    return _Hinted(scenario, outcome, group)
+        return Hinted(scenario, clean, outcome, None, error=str(error))
+    return Hinted(scenario, clean, outcome, group)
+
+
+async def hint_failures(
+    model: art.Model,
+    unsolved: Sequence[tuple[Scenario, art.TrajectoryGroup]],
+    *,
+    teacher: LLMClient | None,
+    config: EIConfig,
+    system_prompt: str | None,
+    sampling: SamplingConfig,
+    round_index: int,
+) -> list[Hinted]:
+    """Ask the teacher about every unsolved scenario (`teacher_concurrency` at a time); each
+    scenario's hinted rollouts start as soon as its hint is accepted."""
+    if not (config.enable_teacher_hints and unsolved):
+        return []
+    if teacher is None:
+        raise ValueError("enable_teacher_hints is set but no teacher client was given")
+    for scenario, _ in unsolved:
+        if config.answer_field not in scenario.x:
+            raise ValueError(
+                f"scenario {scenario.id} has no field {config.answer_field!r} for the teacher "
+                f"(answer_field); its fields: {sorted(scenario.x)}"
+            )
+    gate = asyncio.Semaphore(config.teacher_concurrency)
+    seed = rollout_seed(config.seed, "ei-hinted", round_index)
+    return list(
+        await asyncio.gather(
+            *(
+                hint_and_retry(
+                    model,
+                    scenario,
+                    group,
+                    teacher=teacher,
+                    gate=gate,
+                    config=config,
+                    system_prompt=system_prompt,
+                    sampling=sampling,
+                    seed=seed,
+                )
+                for scenario, group in unsolved
+            )
+        )
+    )
+
+
+async def hint_reliance(
+    recovered: Sequence[Recovered],
+    config: EIConfig,
+    *,
+    backend: Any,
+    model: art.Model,
+    system_prompt: str | None,
+) -> list[float] | None:
+    """Reliance of every kept hinted episode, in order; None when it is off, where the
+    backend cannot score, or when an episode has more than one reply (a sequence score of
+    the last reply alone would ignore the turns before it)."""
+    kept = [(r, t) for r in recovered for t in r.best]
+    if not (config.hint_reliance and kept):
+        return None
+    if not all(single_reply(t) for _, t in kept):
+        log.info("hint reliance: n/a for multi-turn episodes")
+        return None
+    pairs = []
+    for r, t in kept:
+        clean = list(clean_messages(r.hinted.scenario, system_prompt))
+        hint = r.hinted.outcome.hint or ""
+        pairs.append((hinted_prompt(clean, hint), clean, completion_text(t)))
+    return await score_reliance(backend, model, pairs)
 
 
 async def score_reliance(
@@ -169,10 +253,6 @@ async def score_reliance(
     return [h - c for h, c in zip(hinted, clean, strict=True)]
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
 @tracing.op("art_rlvr.ei.round", inputs=tracing.ei_round_inputs, output=tracing.ei_round_output)
 async def collect_round(
     model: art.Model,
@@ -194,163 +274,56 @@ async def collect_round(
         task.splits["train"], cfg.scenarios_per_round, cfg.seed, round_index
     )
     began = time.monotonic()
-    groups = await gather_groups(
+    groups = await sample_attempts(
         model,
         scenarios,
-        cfg.expert_samples_per_x,
+        cfg,
+        round_index,
         system_prompt=system_prompt,
         sampling=sampling,
-        seed=rollout_seed(cfg.seed, "ei", round_index),
         max_exceptions=max_exceptions,
-        description=f"ei round {round_index}",
     )
-    by_id = {sc.id: sc for sc in scenarios}
-    examples: list[DistillExample] = []
-    rl_groups: list[RLGroup] = []
-    unsolved: list[tuple[Scenario, art.TrajectoryGroup]] = []
-    clean_attempts = clean_correct = 0
-    for group in groups:
-        scenario = by_id[group.trajectories[0].metadata["scenario_id"]]
-        trajectories = list(group.trajectories)
-        clean_attempts += len(trajectories)
-        clean_correct += sum(is_correct(t) for t in trajectories)
-        best = best_attempts(trajectories, cfg.keep_per_x)
-        if best:
-            examples += [example_from(scenario, system_prompt, t, "clean") for t in best]
-            rl_groups.append(
-                RLGroup(
-                    scenario_id=scenario.id,
-                    messages=clean_messages(scenario, system_prompt),
-                    completions=tuple(completion_text(t) for t in trajectories),
-                    rewards=tuple(t.reward for t in trajectories),
-                    relabelled=(False,) * len(trajectories),
-                )
-            )
-        else:
-            unsolved.append((scenario, group))
+    selection = select_solved(groups, scenarios, cfg, system_prompt)
     sampled_at = time.monotonic()
-
-    hinted: list[_Hinted] = []
-    if cfg.enable_teacher_hints and unsolved:
-        if teacher is None:
-            raise ValueError("enable_teacher_hints is set but no teacher client was given")
-        for scenario, _ in unsolved:
-            if cfg.answer_field not in scenario.x:
-                raise ValueError(
-                    f"scenario {scenario.id} has no field {cfg.answer_field!r} for the teacher "
-                    f"(answer_field); its fields: {sorted(scenario.x)}"
-                )
-        gate = asyncio.Semaphore(cfg.teacher_concurrency)
-        hint_seed = rollout_seed(cfg.seed, "ei-hinted", round_index)
-        hinted = list(
-            await asyncio.gather(
-                *(
-                    _hint_and_retry(
-                        model,
-                        scenario,
-                        group,
-                        teacher=teacher,
-                        gate=gate,
-                        config=cfg,
-                        system_prompt=system_prompt,
-                        sampling=sampling,
-                        seed=hint_seed,
-                    )
-                    for scenario, group in unsolved
-                )
-            )
-        )
+    hinted = await hint_failures(
+        model,
+        selection.unsolved,
+        teacher=teacher,
+        config=cfg,
+        system_prompt=system_prompt,
+        sampling=sampling,
+        round_index=round_index,
+    )
     teacher_done = time.monotonic()
-
-    recovered: list[tuple[_Hinted, list[art.Trajectory]]] = []
-    hint_records: list[HintRecord] = []
-    hinted_attempts = hinted_correct = echoed = 0
-    for item in hinted:
-        assert item.outcome is not None
-        record = item.outcome.record
-        if item.group is not None:
-            trajectories = list(item.group.trajectories)
-            correct = sum(is_correct(t) for t in trajectories)
-            hinted_attempts += len(trajectories)
-            hinted_correct += correct
-            record = record.model_copy(
-                update={"hinted_attempts": len(trajectories), "hinted_correct": correct}
-            )
-            hint = item.outcome.hint or ""
-            usable = [t for t in trajectories if not echoes_hint(completion_text(t), hint)]
-            echoed += sum(is_correct(t) for t in trajectories) - sum(is_correct(t) for t in usable)
-            best = best_attempts(usable, cfg.keep_per_x)
-            if best:
-                recovered.append((item, best))
-        hint_records.append(record)
-
-    reliance: list[float] | None = None
-    if cfg.hint_reliance and recovered:
-        pairs = []
-        for item, best in recovered:
-            clean = list(clean_messages(item.scenario, system_prompt))
-            assert item.outcome is not None and item.outcome.hint is not None
-            for t in best:
-                pairs.append((hinted_prompt(clean, item.outcome.hint), clean, completion_text(t)))
-        reliance = await score_reliance(backend, model, pairs)
-
-    per_token: list[float] = []
-    position = 0
-    clean_by_id = {sc.id: g for sc, g in unsolved}
-    for item, best in recovered:
-        failed = [t for t in clean_by_id[item.scenario.id].trajectories if not is_correct(t)]
-        for t in best:
-            value = reliance[position] if reliance is not None else None
-            position += 1
-            if value is not None:
-                per_token.append(value / max(1.0, float(t.metrics.get("completion_tokens", 1))))
-            examples.append(example_from(item.scenario, system_prompt, t, "hinted", value))
-        rl_groups.append(
-            RLGroup(
-                scenario_id=item.scenario.id,
-                messages=clean_messages(item.scenario, system_prompt),
-                completions=(*(completion_text(t) for t in best), *map(completion_text, failed)),
-                rewards=(*(t.reward for t in best), *(t.reward for t in failed)),
-                relabelled=(True,) * len(best) + (False,) * len(failed),
-            )
-        )
-
-    outcomes = [h.outcome for h in hinted if h.outcome is not None]
-    got_hint = [h for h in hinted if h.outcome is not None and h.outcome.hint is not None]
-    n = len(groups)
-    stats = RoundStats(
-        round=round_index,
-        scenarios=n,
-        clean_attempts=clean_attempts,
-        clean_accuracy=clean_correct / clean_attempts if clean_attempts else 0.0,
-        clean_solved=n - len(unsolved),
-        clean_solve_rate=(n - len(unsolved)) / n if n else 0.0,
-        rollout_errors=len(scenarios) - n + sum(h.error is not None for h in hinted),
-        hints_requested=len(outcomes),
-        hints_generated=len(got_hint),
-        hints_leak_rejected=sum(o.leak_rejected for o in outcomes),
-        hints_truncated=sum(o.record.truncated for o in outcomes),
-        hints_dropped=sum(o.record.dropped in ("leak", "empty") for o in outcomes),
-        teacher_errors=sum(o.record.dropped == "teacher_error" for o in outcomes),
-        hinted_attempts=hinted_attempts,
-        hinted_accuracy=hinted_correct / hinted_attempts if hinted_attempts else None,
-        hinted_solve_rate=len(recovered) / len(got_hint) if got_hint else None,
-        hinted_echo_rejected=echoed,
-        recovered=len(recovered),
-        examples_distilled=len(examples),
-        examples_from_hints=sum(e.source == "hinted" for e in examples),
-        hint_reliance_mean=_mean(reliance) if reliance else None,
-        hint_reliance_per_token=_mean(per_token) if per_token else None,
-        rl_groups=sum(len(set(g.rewards)) > 1 for g in rl_groups) if cfg.distill == "rl" else 0,
-        seconds_sampling=sampled_at - began,
-        seconds_teacher=teacher_done - sampled_at,
+    verified = relabel_hinted(hinted, cfg, system_prompt)
+    reliance = await hint_reliance(
+        verified.recovered, cfg, backend=backend, model=model, system_prompt=system_prompt
+    )
+    from_hints, hinted_groups, per_token = hinted_training_data(
+        verified.recovered, reliance, system_prompt
+    )
+    examples = [*selection.examples, *from_hints]
+    rl_groups = [*selection.rl_groups, *hinted_groups]
+    stats = round_stats(
+        round_index,
+        config=cfg,
+        scenarios=len(scenarios),
+        groups=len(groups),
+        selection=selection,
+        hinted=hinted,
+        verified=verified,
+        examples=examples,
+        rl_groups=rl_groups,
+        reliance=reliance,
+        per_token=per_token,
+        seconds=(sampled_at - began, teacher_done - sampled_at),
     )
     buffer = RoundBuffer(
         round=round_index,
         scenario_ids=tuple(sc.id for sc in scenarios),
         examples=tuple(examples),
         rl_groups=tuple(rl_groups) if cfg.distill == "rl" else (),
-        hints=tuple(hint_records),
+        hints=tuple(verified.records),
         stats=stats,
     )
     return RoundOutput(buffer, groups, [h.group for h in hinted if h.group is not None])

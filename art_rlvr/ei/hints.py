@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.records import HintAttempt, HintRecord
-from art_rlvr.leakage import leaks
+from art_rlvr.leakage import leaks, quotes, words
 from art_rlvr.llm import LLMClient, LLMCounters, LLMError, client_for
 from art_rlvr.observe import tracing
 
@@ -102,15 +102,10 @@ def clean_hint(reply: str, max_chars: int) -> tuple[str, bool]:
 
 
 def echoes_hint(completion: str, hint: str, n: int = 4) -> bool:
-    """Whether a hinted completion quotes its hint (any `n` consecutive words, or the word
-    "hint"): relabelled to the clean prompt, such a completion would teach the student to
-    reproduce text it was never shown."""
-    words = re.findall(r"[a-z0-9]+", completion.lower())
-    if "hint" in words:
-        return True
-    hint_words = re.findall(r"[a-z0-9]+", hint.lower())
-    grams = {tuple(hint_words[i : i + n]) for i in range(len(hint_words) - n + 1)}
-    return any(tuple(words[i : i + n]) in grams for i in range(len(words) - n + 1))
+    """Whether a hinted completion quotes its hint (any `n` consecutive words, all of a shorter
+    hint, or the word "hint"): relabelled to the clean prompt, such a completion would teach
+    the student to reproduce text it was never shown."""
+    return "hint" in words(completion) or quotes(completion, hint, n)
 
 
 def hinted_prompt(messages: Sequence[dict[str, str]], hint: str) -> list[dict[str, str]]:
@@ -189,11 +184,4 @@ async def obtain_hint(
 
 def make_teacher(model: object, config: EIConfig, counters: LLMCounters) -> tuple[LLMClient, str]:
     """The configured teacher, or the embedded model through its own endpoint."""
-    return client_for(
-        config.teacher_settings(),
-        model,
-        role="teacher",
-        key_name="teacher_model",
-        counters=counters,
-        overrides=config.teacher_overrides(),
-    )
+    return client_for(config.teacher, model, name="teacher", counters=counters)

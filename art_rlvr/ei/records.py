@@ -7,13 +7,39 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Episode(BaseModel):
+    """The turns of an episode after its opening, as JSON that round-trips through the buffer:
+    a sampled turn is its `Choice` dumped (`model_dump(mode="json")`), every other turn (a
+    tool result, the environment's reply) its message dict; `sampled` says which is which."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turns: tuple[dict[str, Any], ...]
+    sampled: tuple[bool, ...]
+    tools: tuple[dict[str, Any], ...] | None = None  # the episode's tool schemas, if any
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Episode:
+        if len(self.turns) != len(self.sampled):
+            raise ValueError(f"{len(self.turns)} turns but {len(self.sampled)} sampled flags")
+        return self
+
+    @classmethod
+    def reply(cls, text: str) -> Episode:
+        """One sampled reply known only by its text (a record written before episodes were
+        kept): a choice with no token ids or logprobs, which the trainer re-renders."""
+        choice = {"index": 0, "finish_reason": "stop", "logprobs": None}
+        message = {"role": "assistant", "content": text}
+        return cls(turns=({**choice, "message": message},), sampled=(True,))
 
 
 class DistillExample(BaseModel):
     """One training example: the clean prompt (exactly what a clean rollout sends) and a
-    verified completion. Hints never live here; `source` only says where the completion came
-    from."""
+    verified episode after it (`completion` is its last sampled turn's text). Hints never live
+    here; `source` only says where the episode came from."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -24,18 +50,42 @@ class DistillExample(BaseModel):
     source: Literal["clean", "hinted"]
     completion_tokens: int = 0
     hint_reliance: float | None = None  # nats: log p(y | hinted) - log p(y | clean)
+    episode: Episode  # left out (older buffers): the completion as the one turn
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_episode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("episode") is None:
+            return {**data, "episode": Episode.reply(str(data.get("completion", "")))}
+        return data
 
 
 class RLGroup(BaseModel):
-    """A group for `distill=rl`: completions under one clean prompt with their rewards."""
+    """A group for `distill=rl`: episodes under one clean prompt with their rewards."""
 
     model_config = ConfigDict(frozen=True)
 
     scenario_id: str
     messages: tuple[dict[str, str], ...]
-    completions: tuple[str, ...]
+    completions: tuple[str, ...]  # each episode's last sampled text (for reading the buffer)
     rewards: tuple[float, ...]
-    relabelled: tuple[bool, ...]  # True where the completion came from a hinted rollout
+    relabelled: tuple[bool, ...]  # True where the episode came from a hinted rollout
+    episodes: tuple[Episode, ...]  # left out (older buffers): one reply per completion
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_episodes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("episodes"):
+            replies = tuple(Episode.reply(str(c)) for c in data.get("completions", ()))
+            return {**data, "episodes": replies}
+        return data
+
+    @model_validator(mode="after")
+    def _aligned(self) -> RLGroup:
+        sizes = {len(self.completions), len(self.rewards), len(self.relabelled)}
+        if sizes != {len(self.episodes)}:
+            raise ValueError("completions, rewards, relabelled and episodes differ in length")
+        return self
 
 
 class HintAttempt(BaseModel):

@@ -1,32 +1,55 @@
-"""Relabelling: a verified completion becomes a training example under the *clean* prompt.
+"""Relabelling: a verified episode becomes training data under the *clean* prompt.
 
-The example's prompt is rebuilt from the scenario (`scenario.messages(s)`: system `s`, user
-from `x`), never taken from the hinted rollout, and the completion is carried as plain text:
-the hinted rollout's `Choice` holds the hinted prompt's token ids (`prompt_token_ids`), which a
-trainer would use verbatim, so it must not travel with the example.
+A hint goes only into the opening of an episode (the messages before its first sampled turn;
+`hinted_prompt` appends it to the last user message there). `relabel_episode` works on the
+`art.Trajectory` itself: it swaps that opening for the clean one (rebuilt from the scenario,
+never taken from the rollout) and keeps every later turn, tool results and the environment's
+messages as they were and each sampled `Choice` with its text and tool calls. `hint_leaks`
+then checks every turn of the relabelled episode for the hint. The round buffer keeps the
+episode after its opening (`Episode`, JSON), so SFT (`relabel`) and RL (`relabel_for_rl`)
+rebuild the same trajectories after a resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import art
-from openai.types.chat.chat_completion import ChatCompletionMessage, Choice
+from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.ei.records import DistillExample, RLGroup
+from art_rlvr.ei.hints import echoes_hint, hinted_prompt
+from art_rlvr.ei.records import DistillExample, Episode, RLGroup
+from art_rlvr.leakage import quotes
+from art_rlvr.outcome import as_message, completion_text, is_correct, is_sampled, turns
 from art_rlvr.scenario import Scenario
 
 
-def is_correct(trajectory: art.Trajectory) -> bool:
-    """The reward's own verdict (`correct` metric), else full reward."""
-    return float(trajectory.metrics.get("correct", trajectory.reward >= 1.0)) >= 1.0
+def clean_messages(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, str], ...]:
+    """Exactly the messages a clean rollout of `scenario` sends."""
+    return tuple(dict(m) for m in scenario.messages(system_prompt))
 
 
-def completion_text(trajectory: art.Trajectory) -> str:
-    last = list(trajectory.messages_and_choices)[-1]
-    if isinstance(last, Choice):
-        return last.message.content or ""
-    return str(last.get("content") or "") if isinstance(last, dict) else ""
+def message_text(message: Mapping[str, Any]) -> str:
+    """The words a message carries: its content (a string or text parts) and its tool calls."""
+    content = message.get("content")
+    parts = (
+        [content]
+        if isinstance(content, str)
+        else [str(p.get("text", "")) for p in content or () if isinstance(p, Mapping)]
+    )
+    calls = [json.dumps(c.get("function", c)) for c in message.get("tool_calls") or ()]
+    return "\n".join([*parts, *calls])
+
+
+def attempt_key(trajectory: art.Trajectory) -> tuple[str, ...]:
+    """What makes two attempts the same: the text of each sampled turn (tool calls included)."""
+    return tuple(
+        message_text(as_message(item)).strip()
+        for item in trajectory.messages_and_choices
+        if is_sampled(item)
+    )
 
 
 def best_attempts(trajectories: Sequence[art.Trajectory], keep: int) -> list[art.Trajectory]:
@@ -41,20 +64,98 @@ def best_attempts(trajectories: Sequence[art.Trajectory], keep: int) -> list[art
         ),
     )
     out: list[art.Trajectory] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, ...]] = set()
     for t in ranked:
-        text = completion_text(t).strip()
-        if text and text not in seen:
-            seen.add(text)
+        key = attempt_key(t)
+        if any(key) and key not in seen:
+            seen.add(key)
             out.append(t)
         if len(out) == keep:
             break
     return out
 
 
-def clean_messages(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, str], ...]:
-    """Exactly the messages a clean rollout of `scenario` sends."""
-    return tuple(dict(m) for m in scenario.messages(system_prompt))
+def without_token_data(choice: Choice) -> Choice:
+    """The sampled turn with its text and tool calls but no token ids or logprobs."""
+    return Choice.model_validate(
+        choice.model_dump(include=set(Choice.model_fields)) | {"logprobs": None}
+    )
+
+
+def relabel_episode(
+    trajectory: art.Trajectory, clean: Sequence[Mapping[str, Any]], hint: str
+) -> art.Trajectory:
+    """The hinted episode under the clean opening: every later turn kept, in order.
+
+    Raises ValueError if the episode does not open with `hinted_prompt(clean, hint)`: the hint
+    must have gone into the opening and nowhere else, or swapping the opening would not
+    remove it."""
+    items = list(trajectory.messages_and_choices)
+    opening = [dict(m) for m in clean]
+    head = items[: len(opening)]
+    if any(is_sampled(i) for i in head) or [dict(i) for i in head] != hinted_prompt(clean, hint):
+        raise ValueError(
+            f"episode of {trajectory.metadata.get('scenario_id')!r} does not open with the "
+            "hinted prompt it is relabelled from"
+        )
+    if trajectory.additional_histories:
+        raise ValueError("relabelling covers messages_and_choices, not additional_histories")
+    # Every turn was sampled after the hinted opening: its prompt_token_ids contain the hint and
+    # its logprobs are p(turn | hinted), not the clean-prompt policy it is trained as, so both
+    # go; the trainer re-renders each turn under the clean prompt and trains it on-policy (SFT
+    # only ever uses the text).
+    later = [without_token_data(i) if is_sampled(i) else dict(i) for i in items[len(opening) :]]
+    return art.Trajectory(
+        messages_and_choices=[*opening, *later],
+        tools=trajectory.tools,
+        reward=trajectory.reward,
+        metrics=dict(trajectory.metrics),
+        metadata={**trajectory.metadata, "hinted": False, "relabelled": True},
+        logs=list(trajectory.logs),
+    )
+
+
+def hint_leaks(trajectory: art.Trajectory, hint: str, opening: int = 0) -> list[int]:
+    """Indices of the turns that carry the hint; every turn is checked. A sampled turn may not
+    quote it (`echoes_hint`: four words in a row, or the word "hint"), nor may a given turn
+    after the opening (a tool result, the environment's reply); the first `opening` messages,
+    the clean prompt (which may share a phrase with a hint about it), may not hold all of it."""
+    items = trajectory.messages_and_choices
+    texts = [message_text(m) for m in turns(trajectory)]
+    return [
+        index
+        for index, (item, text) in enumerate(zip(items, texts, strict=True))
+        if (
+            echoes_hint(text, hint)
+            if is_sampled(item)
+            else quotes(text, hint, None if index < opening else 4)
+        )
+    ]
+
+
+def episode_of(trajectory: art.Trajectory, opening: int, *, token_data: bool) -> Episode:
+    """The turns after the first `opening` messages, as the buffer stores them; `token_data`
+    keeps each sampled turn's token ids and logprobs (valid only under the prompt they were
+    sampled with)."""
+    items = list(trajectory.messages_and_choices)[opening:]
+    return Episode(
+        turns=tuple(
+            (i if token_data else without_token_data(i)).model_dump(mode="json")
+            if is_sampled(i)
+            else dict(i)
+            for i in items
+        ),
+        sampled=tuple(map(is_sampled, items)),
+        tools=tuple(trajectory.tools) if trajectory.tools else None,
+    )
+
+
+def episode_items(episode: Episode) -> list[Any]:
+    """The stored turns as `messages_and_choices` items: sampled ones as `Choice`s again."""
+    return [
+        Choice.model_validate(turn) if sampled else dict(turn)
+        for turn, sampled in zip(episode.turns, episode.sampled, strict=True)
+    ]
 
 
 def example_from(
@@ -64,36 +165,50 @@ def example_from(
     source: str,
     hint_reliance: float | None = None,
 ) -> DistillExample:
+    """An SFT example: the clean prompt and the episode's turns after its opening (SFT learns
+    text only, so no token data is stored)."""
+    messages = clean_messages(scenario, system_prompt)
     return DistillExample(
         scenario_id=scenario.id,
-        messages=clean_messages(scenario, system_prompt),
+        messages=messages,
         completion=completion_text(trajectory),
         reward=trajectory.reward,
         source=source,  # type: ignore[arg-type]
         completion_tokens=int(trajectory.metrics.get("completion_tokens", 0)),
         hint_reliance=hint_reliance,
+        episode=episode_of(trajectory, len(messages), token_data=False),
     )
 
 
 def relabel(example: DistillExample) -> art.Trajectory:
-    """An SFT trajectory: the clean prompt and the completion as the assistant turn."""
+    """An SFT trajectory: the clean prompt, then every turn of the episode as a message (ART's
+    `train_sft` learns every assistant message's text)."""
     return art.Trajectory(
         messages_and_choices=[
             *[dict(m) for m in example.messages],
-            {"role": "assistant", "content": example.completion},
+            *map(as_message, episode_items(example.episode)),
         ],
+        tools=list(example.episode.tools) if example.episode.tools else None,
         reward=example.reward,
         metadata={"scenario_id": example.scenario_id, "ei_source": example.source},
     )
 
 
-def _bare_choice(text: str) -> Choice:
-    """A sampled-looking choice with no token ids or logprobs, so the trainer re-tokenises the
-    completion under the prompt it is given (the clean one)."""
-    return Choice(
-        index=0,
-        finish_reason="stop",
-        message=ChatCompletionMessage(role="assistant", content=text),
+def rl_group(
+    scenario_id: str,
+    messages: Sequence[dict[str, str]],
+    trajectories: Sequence[tuple[art.Trajectory, bool]],
+) -> RLGroup:
+    """A `distill=rl` group from (trajectory, relabelled) pairs under the clean `messages`.
+    Clean attempts keep their token data (sampled under this very prompt); relabelled ones
+    have none left."""
+    return RLGroup(
+        scenario_id=scenario_id,
+        messages=tuple(messages),
+        completions=tuple(completion_text(t) for t, _ in trajectories),
+        rewards=tuple(t.reward for t, _ in trajectories),
+        relabelled=tuple(r for _, r in trajectories),
+        episodes=tuple(episode_of(t, len(messages), token_data=True) for t, _ in trajectories),
     )
 
 
@@ -102,12 +217,13 @@ def relabel_for_rl(group: RLGroup) -> art.TrajectoryGroup:
     return art.TrajectoryGroup(
         [
             art.Trajectory(
-                messages_and_choices=[*[dict(m) for m in group.messages], _bare_choice(text)],
+                messages_and_choices=[*[dict(m) for m in group.messages], *episode_items(ep)],
+                tools=list(ep.tools) if ep.tools else None,
                 reward=reward,
                 metadata={"scenario_id": group.scenario_id, "ei_relabelled": relabelled},
             )
-            for text, reward, relabelled in zip(
-                group.completions, group.rewards, group.relabelled, strict=True
+            for ep, reward, relabelled in zip(
+                group.episodes, group.rewards, group.relabelled, strict=True
             )
         ]
     )

@@ -11,18 +11,20 @@ from art_rlvr._lazy import lazy_exports
 
 _EXPORTS = {
     "ARTPromptAdapter": "art_rlvr.gepa.adapter",
-    "BudgetExceeded": "art_rlvr.gepa.adapter",
-    "EvalStore": "art_rlvr.gepa.adapter",
-    "Journal": "art_rlvr.gepa.adapter",
+    "BudgetExceeded": "art_rlvr.gepa.store",
+    "EvalStore": "art_rlvr.gepa.store",
+    "Journal": "art_rlvr.gepa.store",
     "GEPAConfig": "art_rlvr.gepa.config",
-    "GEPAResult": "art_rlvr.gepa.optimizer",
+    "GEPAResult": "art_rlvr.gepa.result",
     "optimize_prompt": "art_rlvr.gepa.optimizer",
     "run_optimizer": "art_rlvr.gepa.optimizer",
     "Candidate": "art_rlvr.gepa.records",
     "GEPAState": "art_rlvr.gepa.records",
     "HistoryEvent": "art_rlvr.gepa.records",
     "Rejection": "art_rlvr.gepa.records",
+    "RejectionKind": "art_rlvr.gepa.records",
     "ScenarioEval": "art_rlvr.gepa.records",
+    "choose_seed_prompt": "art_rlvr.gepa.start",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports("art_rlvr.gepa", _EXPORTS)

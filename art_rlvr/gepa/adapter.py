@@ -5,9 +5,13 @@ Each scenario of a batch becomes an ART `TrajectoryGroup` of `rollouts_per_probl
 numbers: a difference in score is the prompt's, and a (prompt, scenario) result can be reused.
 The scenario's score is the group's mean reward.
 
-Budget: every scored rollout is one metric call. The `EvalStore` counts them, refuses an
-evaluation that would pass `max_metric_calls` (before running it), and journals each result
-to disk as it lands, so a resumed run finds it instead of paying for it again.
+Budget: every scored rollout is one metric call. The `EvalStore` (art_rlvr.gepa.store) counts
+them, refuses an evaluation that would pass `max_metric_calls` (before running it), and
+journals each result to disk as it lands, so a resumed run finds it instead of paying again.
+
+A rollout is read through the trajectory contract (art_rlvr.outcome): reward, feedback and
+metrics from `outcome_of`, the scored text from `completion_text`, and the whole episode
+(several assistant turns, tool calls, tool results) from `turns`.
 
 gepa's own engine is synchronous; `evaluate` (gepa's protocol) may be called from a worker
 thread and submits the rollouts to the event loop the adapter was built on. Our optimizer
@@ -17,10 +21,7 @@ awaits `aevaluate` directly.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import art
@@ -28,113 +29,59 @@ from gepa.core.adapter import EvaluationBatch
 
 from art_rlvr.gepa.proposal import reflective_records
 from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
-from art_rlvr.loops.files import StateFileError, drop_torn_tail, trajectory_row
+from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
+from art_rlvr.outcome import completion_text, is_sampled, outcome_of, turns
 from art_rlvr.rollouts import SamplingConfig, gather_groups
-from art_rlvr.scenario import Scenario, prompt_hash
+from art_rlvr.scenario import Scenario
+from art_rlvr.text import prompt_hash
+
+# the store's names, still importable from here (tests/test_backends.py, tests/test_faults.py)
+__all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "scenario_eval"]
 
 COMPONENT = "system_prompt"
 
 
-class BudgetExceeded(RuntimeError):
-    """An evaluation would take the run past max_metric_calls; it was not started."""
+def split_episode(trajectory: art.Trajectory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(what the policy was given, the episode from its first sampled turn on), as message
+    dicts: the inputs of a multi-turn episode are its opening messages, not its tool results."""
+    messages = turns(trajectory)
+    first = next(
+        (i for i, item in enumerate(trajectory.messages_and_choices) if is_sampled(item)),
+        len(messages),
+    )
+    return messages[:first], messages[first:]
 
 
-class Journal:
-    """Append-only JSONL, fsynced per record: what a killed run had already paid for.
-    A torn last line (a kill mid-write) is dropped on load."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def load(self) -> list[dict[str, Any]]:
-        if self.path is None or not self.path.exists():
-            return []
-        drop_torn_tail(self.path)  # a write cut by a kill: that record never happened
-        out = []
-        for number, line in enumerate(self.path.read_text().splitlines(), 1):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise StateFileError(
-                    f"{self.path}:{number} is corrupt (a kill can only cut the last line, which "
-                    "is dropped); move the file away to start over, or restore it"
-                ) from None
-        return out
-
-
-class EvalStore:
-    """(prompt, scenario) -> ScenarioEval, the metric-call meter, and their journal."""
-
-    def __init__(self, max_metric_calls: int, journal: Journal) -> None:
-        self.max_metric_calls = max_metric_calls
-        self.journal = journal
-        self._cache: dict[tuple[str, str], ScenarioEval] = {}
-        for record in journal.load():
-            if record.get("type") == "eval":
-                ev = ScenarioEval.model_validate(record["eval"])
-                self._cache[(ev.prompt_hash, ev.scenario_id)] = ev
-        self.spent = sum(len(ev.rollouts) for ev in self._cache.values())
-
-    @property
-    def remaining(self) -> int:
-        return self.max_metric_calls - self.spent
-
-    def get(self, prompt: str, scenario_id: str) -> ScenarioEval | None:
-        return self._cache.get((prompt_hash(prompt), scenario_id))
-
-    def missing(self, prompt: str, scenarios: Sequence[Scenario]) -> list[Scenario]:
-        """Scenarios (deduplicated, in order) this prompt has no result for yet."""
-        todo = {sc.id: sc for sc in scenarios if self.get(prompt, sc.id) is None}
-        return list(todo.values())
-
-    def reserve(self, calls: int) -> None:
-        if self.spent + calls > self.max_metric_calls:
-            raise BudgetExceeded(
-                f"{calls} metric calls requested, {self.remaining} of {self.max_metric_calls} left"
-            )
-
-    def put(self, ev: ScenarioEval) -> None:
-        key = (ev.prompt_hash, ev.scenario_id)
-        if key in self._cache:
-            return
-        self.journal.append({"type": "eval", "eval": ev.model_dump(mode="json")})
-        self._cache[key] = ev
-        self.spent += len(ev.rollouts)
+def rollout_trace(trajectory: art.Trajectory) -> RolloutTrace:
+    # text only, no Choice: an evaluation is journaled as JSON for resume, and GEPA never
+    # trains on it, so token ids and logprobs have no reader here
+    outcome = outcome_of(trajectory)
+    return RolloutTrace(
+        output=completion_text(trajectory),
+        reward=outcome.reward,
+        feedback=outcome.feedback,
+        truncated=bool(outcome.metrics.get("truncated", 0.0)),
+        episode=tuple(split_episode(trajectory)[1]),
+    )
 
 
 def scenario_eval(group: art.TrajectoryGroup, prompt: str) -> ScenarioEval:
-    rows = [trajectory_row(t) for t in group.trajectories]
-    first = rows[0]["messages"] if rows else []
-    inputs = "\n\n".join(str(m.get("content", "")) for m in first if m.get("role") != "system")
+    """A prompt's group on one scenario, read from the trajectories' outcome contract."""
+    trajectories = list(group.trajectories)
+    given = split_episode(trajectories[0])[0] if trajectories else []
+    scenario_id = group.metadata.get("scenario_id") or trajectories[0].metadata["scenario_id"]
     return ScenarioEval(
-        scenario_id=str(group.metadata.get("scenario_id") or rows[0]["scenario_id"]),
+        scenario_id=str(scenario_id),
         prompt_hash=prompt_hash(prompt),
-        inputs=inputs,
-        rollouts=tuple(
-            RolloutTrace(
-                output=row["completion"] or "",
-                reward=float(row["reward"]),
-                feedback=str(row["feedback"] or ""),
-                truncated=bool(row["metrics"].get("truncated", 0.0)),
-            )
-            for row in rows
-        ),
+        inputs="\n\n".join(str(m.get("content", "")) for m in given if m.get("role") != "system"),
+        rollouts=tuple(rollout_trace(t) for t in trajectories),
     )
 
 
 class ARTPromptAdapter:
     """gepa's `GEPAAdapter` protocol for a one-component candidate {"system_prompt": text}."""
 
-    propose_new_texts = None  # reflection is ours (see art_rlvr.gepa.optimizer)
+    propose_new_texts = None  # reflection is ours (see art_rlvr.gepa.propose)
 
     def __init__(
         self,

@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm import LLMSettings
+from art_rlvr.llm import LLMRole, flat_role_aliases, renamed
 
 
 class GEPAConfig(BaseModel):
     """Reflective prompt evolution over ART rollouts.
 
     Budget: one metric call is one scored rollout (a reward evaluation), so a scenario evaluated
-    with `rollouts_per_problem=k` costs k. `max_metric_calls` covers everything the optimizer
+    with `group_size=k` costs k. `max_metric_calls` covers everything the optimizer
     evaluates (seed, minibatches, Pareto set); the final val report of the seed and best prompts
     is counted separately (`report_rollouts`), as it decides nothing.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # reflection LM: None means the embedded model itself, through its own endpoint
-    reflection_model: str | None = None
-    reflection_api_base: str | None = None
-    reflection_api_key_env: str | None = None
-    reflection_timeout_s: float = Field(default=120.0, gt=0)
-    reflection_max_retries: int = Field(default=4, ge=0, le=20)
-    reflection_backoff_s: float = Field(default=1.0, ge=0)
-    reflection_backoff_max_s: float = Field(default=60.0, ge=0)
-    reflection_temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    reflection_max_tokens: int = Field(default=1024, ge=16)
+    # the reflection LM (model unset: the embedded model itself, through its own endpoint)
+    reflection: LLMRole = Field(
+        default_factory=LLMRole, description="the reflection LM: reflection.model=..., etc."
+    )
 
     # budget and stopping
     max_metric_calls: int = Field(default=400, ge=1)
@@ -38,7 +34,7 @@ class GEPAConfig(BaseModel):
 
     # data and rollouts
     traces_per_iteration: int = Field(default=4, ge=1)
-    rollouts_per_problem: int = Field(default=2, ge=1)
+    group_size: int = Field(default=2, ge=1)  # rollouts per scenario and prompt
     pareto_size: int = Field(default=8, ge=1)
     max_tokens: int = Field(default=32, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=5.0)
@@ -65,10 +61,14 @@ class GEPAConfig(BaseModel):
     report_val_limit: int | None = Field(default=50, ge=0)  # 0: no report, None: whole split
     report_max_tokens: int | None = Field(default=None, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        data = renamed(data, {"rollouts_per_problem": "group_size"}, "GEPAConfig")
+        return flat_role_aliases(data, "reflection", "GEPAConfig")
+
     @model_validator(mode="after")
     def _consistent(self) -> GEPAConfig:
-        if self.reflection_api_base and not self.reflection_model:
-            raise ValueError("reflection_api_base needs reflection_model (e.g. 'openai/<name>')")
         if self.seed_prompt is not None and len(self.seed_prompt) > self.max_prompt_chars:
             raise ValueError(
                 f"seed_prompt is {len(self.seed_prompt)} chars, over max_prompt_chars="
@@ -76,26 +76,10 @@ class GEPAConfig(BaseModel):
             )
         return self
 
-    def reflection_settings(self) -> LLMSettings | None:
-        """The external reflector, or None for the embedded model."""
-        if self.reflection_model is None:
-            return None
-        return LLMSettings(
-            model=self.reflection_model,
-            api_base=self.reflection_api_base,
-            api_key_env=self.reflection_api_key_env,
-            **self.reflection_overrides(),
-        )
-
-    def reflection_overrides(self) -> dict[str, float | int]:
-        return {
-            "timeout_s": self.reflection_timeout_s,
-            "max_retries": self.reflection_max_retries,
-            "backoff_initial_s": self.reflection_backoff_s,
-            "backoff_max_s": self.reflection_backoff_max_s,
-            "temperature": self.reflection_temperature,
-            "max_tokens": self.reflection_max_tokens,
-        }
+    @property
+    def rollouts_per_problem(self) -> int:
+        """The old name of `group_size`, for code written against it."""
+        return self.group_size
 
     def evaluation_cost(self, scenarios: int) -> int:
-        return scenarios * self.rollouts_per_problem
+        return scenarios * self.group_size

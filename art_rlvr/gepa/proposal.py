@@ -4,6 +4,8 @@ Pure functions. The stricter rules are what gepa 0.1.4 lacks: a reply needs a *c
 block (a reply cut off mid-fence is rejected, not adopted), a proposal must fit the prompt
 length budget, must not copy a shown example's gold answer, and must not repeat a prompt that
 was already rejected or is already in the pool. Rejected proposals are shown back to the LM.
+The check returns a `Verdict` whose `rejection` kind is decided with the reason, never read
+back out of the reason's words.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gepa.strategies.instruction_proposal import InstructionProposalSignature
+from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.gepa.records import Rejection, ScenarioEval
+from art_rlvr.gepa.records import Rejection, RejectionKind, RolloutTrace, ScenarioEval
 from art_rlvr.leakage import leaked_answers
 from art_rlvr.scenario import Scenario
 
@@ -63,6 +66,34 @@ def normalize(prompt: str) -> str:
     return " ".join(prompt.split()).casefold()
 
 
+def turn_text(message: Mapping[str, Any]) -> str:
+    """One message of an episode, labelled by role, with its tool calls."""
+    role = str(message.get("role", ""))
+    content = str(message.get("content") or "")
+    if role == "tool":
+        name = f" {message['name']}" if message.get("name") else ""
+        return f"[tool result{name}] {content}"
+    lines = [f"[{role}] {content}".rstrip()]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        lines.append(f"[tool call] {function.get('name')}({function.get('arguments') or ''})")
+    return "\n".join(lines)
+
+
+def episode_text(episode: Sequence[Mapping[str, Any]]) -> str:
+    """An episode as the reflection LM reads it: a lone assistant reply is its bare text (the
+    single-turn case), several turns are labelled one by one with tool calls and results."""
+    lone = episode[0] if len(episode) == 1 else {}
+    if lone.get("role") == "assistant" and not lone.get("tool_calls"):
+        return str(lone.get("content") or "")
+    return "\n".join(turn_text(m) for m in episode)
+
+
+def shown_output(rollout: RolloutTrace) -> str:
+    """What the reflection LM sees of a rollout (its whole episode when one was recorded)."""
+    return episode_text(rollout.episode) if rollout.episode else rollout.output
+
+
 def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[str, str]]:
     """gepa's reflective-dataset rows ("Inputs", "Generated Outputs", "Feedback") from
     trajectory groups: failures first (each scenario's worst rollout before anyone's second),
@@ -76,9 +107,10 @@ def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[s
         rank = 0
         for k in ranked:
             r = ev.rollouts[k]
-            if r.output in seen:
+            shown = shown_output(r)
+            if shown in seen:
                 continue
-            seen.add(r.output)
+            seen.add(shown)
             if r.reward < 1.0:
                 failures.append((rank, r.reward, ev, k))
             else:
@@ -86,16 +118,16 @@ def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[s
             rank += 1
     failures.sort(key=lambda f: (f[0], f[1]))
     n_success = min(len(successes), max(1, limit // 4) if failures else limit)
-    shown = failures[: limit - n_success]
-    failed_ids = {ev.scenario_id for _, _, ev, _ in shown}
+    shown_failures = failures[: limit - n_success]
+    failed_ids = {ev.scenario_id for _, _, ev, _ in shown_failures}
     # the sharpest contrast: a success on a scenario that also failed
     successes.sort(key=lambda s: (s[1].scenario_id not in failed_ids, s[0]))
-    picked = [(ev, k) for _, _, ev, k in shown]
+    picked = [(ev, k) for _, _, ev, k in shown_failures]
     picked += [(ev, k) for _, ev, k in successes[:n_success]]
     return [
         {
             "Inputs": ev.inputs,
-            "Generated Outputs": ev.rollouts[k].output or "(empty reply)",
+            "Generated Outputs": shown_output(ev.rollouts[k]) or "(empty reply)",
             "Feedback": f"reward {ev.rollouts[k].reward:.2f}: {ev.rollouts[k].feedback}"
             + (" (cut off at the token limit)" if ev.rollouts[k].truncated else ""),
         }
@@ -184,6 +216,17 @@ def gold_answers_for_leak_check(scenarios: Iterable[Scenario], answer_field: str
     ]
 
 
+class Verdict(BaseModel):
+    """The proposal check's answer: the fenced prompt found (None if there was none) and, for a
+    refusal, its kind and the reason shown to the reflection LM and written to the history."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str | None
+    rejection: RejectionKind | None = None
+    reason: str | None = None
+
+
 def check_proposal(
     reply: str,
     finish_reason: str | None,
@@ -192,23 +235,37 @@ def check_proposal(
     known: Mapping[str, str],
     answers: Sequence[str],
     max_chars: int,
-) -> tuple[str | None, str | None]:
-    """(prompt, None) for a usable proposal, else (prompt or None, why it was rejected).
+) -> Verdict:
+    """Whether a reply holds a usable proposal (`rejection` None) or why not.
     `known` maps normalized prompts already tried to what became of them."""
     prompt = extract_fenced(reply)
     if prompt is None:
         cut = " (the reply was cut off at the token limit)" if finish_reason == "length" else ""
-        return None, f"no complete ``` fenced instruction in the reply{cut}"
+        return Verdict(
+            prompt=None,
+            rejection=RejectionKind.NO_FENCED_PROMPT,
+            reason=f"no complete ``` fenced instruction in the reply{cut}",
+        )
     if not prompt:
-        return None, "the fenced instruction was empty"
-    if len(prompt) > max_chars:
-        return prompt, f"too long: {len(prompt)} characters, the limit is {max_chars}"
-    leaks = leaked_answers(prompt, answers)
-    if leaks:
-        return prompt, f"it copies the expected answer of a shown example ({', '.join(leaks)})"
+        return Verdict(
+            prompt=None, rejection=RejectionKind.EMPTY, reason="the fenced instruction was empty"
+        )
+    refusal: tuple[RejectionKind, str] | None = None
     key = normalize(prompt)
-    if any(key == normalize(p) for p in parents):
-        return prompt, "it is the same as the instruction it should improve"
-    if key in known:
-        return prompt, f"it repeats an earlier proposal ({known[key]})"
-    return prompt, None
+    if len(prompt) > max_chars:
+        refusal = (
+            RejectionKind.TOO_LONG,
+            f"too long: {len(prompt)} characters, the limit is {max_chars}",
+        )
+    elif leaks := leaked_answers(prompt, answers):
+        refusal = (
+            RejectionKind.LEAK,
+            f"it copies the expected answer of a shown example ({', '.join(leaks)})",
+        )
+    elif any(key == normalize(p) for p in parents):
+        refusal = (RejectionKind.UNCHANGED, "it is the same as the instruction it should improve")
+    elif key in known:
+        refusal = (RejectionKind.REPEAT, f"it repeats an earlier proposal ({known[key]})")
+    if refusal is None:
+        return Verdict(prompt=prompt)
+    return Verdict(prompt=prompt, rejection=refusal[0], reason=refusal[1])

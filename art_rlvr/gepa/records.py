@@ -7,7 +7,8 @@ reloaded exactly on resume.
 from __future__ import annotations
 
 import statistics
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,7 +16,9 @@ STATE_VERSION = 1
 
 
 class RolloutTrace(BaseModel):
-    """One scored rollout, as much of it as reflection needs."""
+    """One scored rollout, as much of it as reflection needs: `output` is the last sampled
+    turn's text, `episode` every message from the first sampled turn on (assistant turns, tool
+    calls, tool results) as plain message dicts; empty in journals written before it existed."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -23,6 +26,7 @@ class RolloutTrace(BaseModel):
     reward: float
     feedback: str = ""
     truncated: bool = False
+    episode: tuple[dict[str, Any], ...] = ()
 
 
 class ScenarioEval(BaseModel):
@@ -63,6 +67,19 @@ class Candidate(BaseModel):
         return statistics.fmean(self.pareto_scores.values()) if self.pareto_scores else 0.0
 
 
+class RejectionKind(StrEnum):
+    """Why a proposal was turned down, decided where it is turned down (the proposal check,
+    or the minibatch comparison) and counted by kind in the run's summary."""
+
+    NO_FENCED_PROMPT = "no_fenced_prompt"  # no complete ``` block (none, or cut off)
+    EMPTY = "empty"  # a complete block with nothing in it
+    TOO_LONG = "too_long"
+    LEAK = "leak"  # copies a shown example's gold answer
+    UNCHANGED = "unchanged"  # the same as the instruction it should improve
+    REPEAT = "repeat"  # already rejected, or already a candidate
+    NO_IMPROVEMENT = "no_improvement"  # evaluated: did not beat its parent(s) on the minibatch
+
+
 class Rejection(BaseModel):
     """A proposal that was turned down; shown to the reflection LM so it is not retried."""
 
@@ -98,6 +115,7 @@ class HistoryEvent(BaseModel):
     parent_scores: tuple[float, ...] = ()
     accepted: bool = False
     reason: str = ""
+    rejection: RejectionKind | None = None
     candidate: int | None = None
     pareto_mean: float | None = None
     evicted: int | None = None

@@ -14,22 +14,22 @@ the bookkeeping. Raising `rounds` and re-running continues a finished run.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from typing import Any
 
 from pydantic import ValidationError
 
+from art_rlvr import text
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round, distill_round
+from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
 from art_rlvr.ei.records import EIState, RoundBuffer
 from art_rlvr.llm import LLMClient, LLMCounters
-from art_rlvr.loops.files import StateFileError
-from art_rlvr.loops.rl import RunContext, run_eval
-from art_rlvr.observe.clock import cpu_seconds
+from art_rlvr.loops.context import RunContext, clocks, eval_due, run_eval
+from art_rlvr.records import EIRoundEvent
+from art_rlvr.runfiles import StateFileError
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,10 @@ _RESUMABLE = {
     "eval_every_rounds",
     "log_excerpts",
     "hint_reliance",
-    "teacher_api_base",
-    "teacher_api_key_env",
-    "teacher_timeout_s",
-    "teacher_max_retries",
-    "teacher_backoff_s",
-    "teacher_backoff_max_s",
     "teacher_concurrency",
 }
+# of the teacher's settings, only these change what a hint says
+_TEACHER_SHAPING = {"model", "temperature", "max_tokens"}
 
 _TOTALS = (
     "clean_attempts",
@@ -66,17 +62,10 @@ _TOTALS = (
 
 
 def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> str:
-    shaping = {k: v for k, v in config.model_dump(mode="json").items() if k not in _RESUMABLE}
-    blob = json.dumps([shaping, task_name, system_prompt], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def eval_due(round_index: int, config: EIConfig) -> bool:
-    return (
-        round_index == 0
-        or round_index == config.rounds
-        or round_index % config.eval_every_rounds == 0
-    )
+    dumped = config.model_dump(mode="json")
+    shaping = {k: v for k, v in dumped.items() if k not in _RESUMABLE}
+    shaping["teacher"] = {k: v for k, v in dumped["teacher"].items() if k in _TEACHER_SHAPING}
+    return text.fingerprint(shaping, task_name, system_prompt)
 
 
 def check_records(ctx: RunContext, config: EIConfig) -> None:
@@ -118,11 +107,6 @@ def save(ctx: RunContext, state: EIState) -> None:
     ctx.files.write_json("state.json", state.model_dump(mode="json"))
 
 
-def excerpt(text: str, limit: int = 160) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
     s = buffer.stats
     hinted = (
@@ -153,9 +137,9 @@ def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
             log.info(
                 "  hint for %s: %r -> relabelled: user %r | assistant %r",
                 example.scenario_id,
-                excerpt(hints.get(example.scenario_id, "")),
-                excerpt(example.messages[-1]["content"]),
-                excerpt(example.completion),
+                text.excerpt(hints.get(example.scenario_id, "")),
+                text.excerpt(example.messages[-1]["content"]),
+                text.excerpt(example.completion),
             )
             shown += 1
     for record in buffer.hints:
@@ -164,7 +148,7 @@ def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
                 "  no hint for %s (%s): %r",
                 record.scenario_id,
                 record.dropped,
-                excerpt(record.attempts[-1].text or record.attempts[-1].detail)
+                text.excerpt(record.attempts[-1].text or record.attempts[-1].detail)
                 if record.attempts
                 else "",
             )
@@ -174,8 +158,8 @@ def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
         log.info(
             "  kept %s: user %r | assistant %r",
             clean.scenario_id,
-            excerpt(clean.messages[-1]["content"]),
-            excerpt(clean.completion),
+            text.excerpt(clean.messages[-1]["content"]),
+            text.excerpt(clean.completion),
         )
 
 
@@ -206,23 +190,32 @@ async def finish_round(
         }
     )
     save(ctx, state)  # state first: a kill right here loses a log line, repeats nothing
-    ctx.files.append_metrics(
-        {
-            "event": "ei_round",
-            "round": buffer.round,
-            "step": step,
+    book_round(ctx, buffer, step=step, train_metrics=train_metrics, seconds=seconds)
+    return state
+
+
+def book_round(
+    ctx: RunContext,
+    buffer: RoundBuffer,
+    *,
+    step: int,
+    train_metrics: dict[str, float] | None,
+    seconds: float | None,
+) -> None:
+    """A trained round's `ei_round` event (its files are written before it trains, by
+    `ei.files.write_round_records`)."""
+    stats = buffer.stats.model_dump()
+    ctx.files.append_event(
+        EIRoundEvent(
+            round=buffer.round,
+            step=step,
             **{k: v for k, v in stats.items() if k != "round"},
             **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
-            "trained": train_metrics is not None,
-            "seconds": seconds,
-            "wall_seconds": time.monotonic() - ctx.started,
-            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-        }
+            trained=train_metrics is not None,
+            seconds=seconds or 0.0,
+            **clocks(ctx),
+        )
     )
-    with (ctx.files.root / "ei" / "hints.jsonl").open("a") as handle:
-        for record in buffer.hints:
-            handle.write(json.dumps({"round": buffer.round, **record.model_dump()}) + "\n")
-    return state
 
 
 async def distill_in_run(
@@ -274,7 +267,7 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
 
     while True:
         r = state.rounds_done
-        if eval_due(r, config) and str(r) not in state.evals:
+        if eval_due(r, config.rounds, config.eval_every_rounds) and str(r) not in state.evals:
             report = await run_eval(ctx, r)
             state = state.model_copy(
                 update={
@@ -297,10 +290,7 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
             max_exceptions=run.max_exceptions,
         )
         buffer = output.buffer
-        ctx.files.write_trajectories(f"train_{r:04d}", output.clean_groups)
-        if output.hinted_groups:
-            ctx.files.write_trajectories(f"hinted_{r:04d}", output.hinted_groups)
-        ctx.files.write_json(f"ei/round_{r:04d}.json", buffer.model_dump(mode="json"))
+        write_round_records(ctx.files, output)
         state = state.model_copy(
             update={"pending": buffer, "pending_step": await ctx.model.get_step()}
         )

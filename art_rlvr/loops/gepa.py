@@ -17,7 +17,7 @@ from typing import Any
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.optimizer import run_optimizer
 from art_rlvr.gepa.records import HistoryEvent
-from art_rlvr.loops.rl import RunContext
+from art_rlvr.loops.context import RunContext
 from art_rlvr.observe.clock import cpu_seconds
 
 log = logging.getLogger(__name__)

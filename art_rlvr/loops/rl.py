@@ -8,8 +8,6 @@ file by step. A killed run re-run in the same folder continues at the first unfi
 from __future__ import annotations
 
 import logging
-import random
-import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,126 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import art
 
-from art_rlvr.loops.evaluate import EvalReport, evaluate
-from art_rlvr.loops.files import RunFiles
+from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
-from art_rlvr.observe.clock import cpu_seconds
+from art_rlvr.records import AlarmEvent, TrainEvent
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
-from art_rlvr.scenario import Scenario, Task, prompt_hash
+from art_rlvr.scenario import batch_scenarios
+from art_rlvr.text import prompt_hash
 
 if TYPE_CHECKING:
-    from art_rlvr.config import RunConfig
+    pass
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunContext:
-    config: RunConfig
-    task: Task
-    backend: art.Backend
-    model: art.TrainableModel
-    files: RunFiles
-    started: float  # time.monotonic() at the start of this session
-    cpu_started: float = 0.0  # cpu_seconds() then; metrics events carry both clocks
-
-
-def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:
-    """Batch `batch` of an endless stream of seeded per-epoch shuffles of `pool`."""
-    if not pool:
-        raise ValueError("the train split is empty")
-    out: list[Scenario] = []
-    start = batch * size
-    for position in range(start, start + size):
-        epoch, index = divmod(position, len(pool))
-        order = list(range(len(pool)))
-        random.Random(f"order:{seed}:{epoch}").shuffle(order)
-        out.append(pool[order[index]])
-    return out
-
-
-def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
-    """Reward stats and the all-correct / all-wrong / mixed split that says where signal is."""
-    rewards = [t.reward for g in groups for t in g.trajectories]
-    if not rewards:
-        return {"trajectories": 0.0}
-    kinds = [
-        "all_correct"
-        if all(t.reward >= 1 for t in g.trajectories)
-        else "all_wrong"
-        if all(t.reward <= 0 for t in g.trajectories)
-        else "mixed"
-        for g in groups
-        if g.trajectories
-    ]
-    trajectories = [t for g in groups for t in g.trajectories]
-    return {
-        "reward_mean": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards),
-        "accuracy": statistics.fmean(
-            float(t.metrics.get("correct", t.reward >= 1)) for t in trajectories
-        ),
-        "format": statistics.fmean(float(t.metrics.get("format", 0.0)) for t in trajectories),
-        "tokens_per_completion": statistics.fmean(
-            float(t.metrics.get("completion_tokens", 0)) for t in trajectories
-        ),
-        "frac_all_correct": kinds.count("all_correct") / len(kinds),
-        "frac_all_wrong": kinds.count("all_wrong") / len(kinds),
-        "frac_mixed": kinds.count("mixed") / len(kinds),
-        "trajectories": float(len(trajectories)),
-        "groups": float(len(kinds)),
-    }
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def val_scenarios(ctx: RunContext) -> list[Scenario]:
-    val = ctx.task.splits["val"]
-    return val[: ctx.config.val_limit] if ctx.config.val_limit else val
-
-
-async def run_eval(
-    ctx: RunContext,
-    step: int,
-    split: str = "val",
-    *,
-    system_prompt: str | None = None,
-    tag: str = "",
-) -> EvalReport:
-    """Greedy evaluation at `step` under `system_prompt` (default: the run's); logged to
-    metrics.jsonl, trajectories/<split>_<step><tag>.jsonl and ART's history."""
-    cfg = ctx.config
-    scenarios = val_scenarios(ctx) if split == "val" else ctx.task.splits[split]
-    prompt = system_prompt if system_prompt is not None else cfg.system_prompt
-    report = await evaluate(
-        ctx.model,
-        scenarios,
-        system_prompt=prompt,
-        sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
-        split=split,
-    )
-    log.info("step %d %s", step, report.line())
-    ctx.files.append_metrics(
-        {
-            "event": "eval",
-            "split": split,
-            "step": step,
-            "accuracy": report.accuracy,
-            "reward_mean": report.mean_reward,
-            "format": report.format_rate,
-            "tokens_per_completion": report.mean_completion_tokens,
-            "errors": report.errors,
-            "tag": tag,
-            "wall_seconds": time.monotonic() - ctx.started,
-            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-        }
-    )
-    ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
-    await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
-    return report
 
 
 @dataclass
@@ -196,10 +86,6 @@ async def rl_step(
         scale_rewards=cfg.scale_rewards,
     )
     return StepOutcome(groups, stats, result)
-
-
-def eval_due(step: int, cfg: RunConfig) -> bool:
-    return step == 0 or step == cfg.n_batches or step % cfg.eval_every == 0
 
 
 async def train_until(
@@ -276,17 +162,16 @@ def record_step(
 ) -> dict[str, Any]:
     """Book a finished step: its metrics line (once), its trajectories, then the state without
     the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
-    if not any(r.get("event") == "train" and r.get("step") == step for r in ctx.files.metrics()):
-        ctx.files.append_metrics(
-            {
-                "event": "train",
-                "step": step,
+    booked = any(isinstance(e, TrainEvent) and e.step == step for e in ctx.files.events())
+    if not booked:
+        ctx.files.append_event(
+            TrainEvent(
+                step=step,
                 **stats,
                 **{f"train/{k}": v for k, v in train_metrics.items()},
-                "seconds": seconds,
-                "wall_seconds": time.monotonic() - ctx.started,
-                "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-            }
+                seconds=seconds,
+                **clocks(ctx),
+            )
         )
     pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
     if pending.exists():
@@ -346,11 +231,11 @@ def raise_alarms(ctx: RunContext, state: dict[str, Any], step: int) -> None:
         if alarm.kind == "early_stop":
             log.warning("step %d: %s", step, alarm.message)
             state["early_stop"] = alarm.model_dump()
-            ctx.files.append_metrics({"event": "early_stop", **alarm.model_dump()})
+            ctx.files.append_event(AlarmEvent(event="early_stop", **alarm.model_dump()))
         else:
             log.warning("!!! step %d: %s", step, alarm.message)
             state["alarms"] = [*state.get("alarms", []), alarm.model_dump()]
-            ctx.files.append_metrics({"event": "alarm", **alarm.model_dump()})
+            ctx.files.append_event(AlarmEvent(event="alarm", **alarm.model_dump()))
 
 
 def spend(state: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +261,7 @@ async def run_rl(ctx: RunContext) -> dict[str, Any]:
         state,
         until=cfg.n_batches,
         system_prompt=cfg.system_prompt,
-        eval_at=lambda s: eval_due(s, cfg),
+        eval_at=lambda s: eval_due(s, cfg.n_batches, cfg.eval_every),
     )
     evals = state["evals"]
     step = await ctx.model.get_step()

@@ -1,6 +1,6 @@
 """Block coordinate ascent over the prompt `s` and the weights: GEPA, RL (and EI) phases in rounds.
 
-`mode=gepa_rl`: for each of `n_rounds` rounds, a GEPA phase optimises `s` with the current
+`mode=gepa_rl`: for each of `rounds` rounds, a GEPA phase optimises `s` with the current
 weights, then an RL phase trains `rl_batches_per_round` batches with `s` held fixed.
 `skip_first_gepa` starts with RL. `gepa_rl_ei` (or `enable_expert_iteration=true` with `rl` or
 `gepa_rl`) adds an expert-iteration round after each RL phase.
@@ -25,8 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.loops.rl import RunContext, run_eval, spend, train_until
-from art_rlvr.observe.clock import cpu_seconds
+from art_rlvr.loops.context import RunContext, run_eval
+from art_rlvr.loops.rl import spend, train_until
+from art_rlvr.text import excerpt
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +46,17 @@ class Phase(BaseModel):
 
 
 def plan(
-    n_rounds: int, *, gepa: bool, skip_first_gepa: bool, expert_iteration: bool
+    rounds: int, *, gepa: bool, skip_first_gepa: bool, expert_iteration: bool
 ) -> list[Phase]:
     """The schedule, fixed by the config: a pure function, so a resumed run sees the same."""
     phases: list[Phase] = []
-    for r in range(n_rounds):
+    for r in range(rounds):
         if gepa and not (r == 0 and skip_first_gepa):
             phases.append(Phase(kind="gepa", round=r))
         phases.append(Phase(kind="rl", round=r))
         if expert_iteration:
             phases.append(Phase(kind="ei", round=r))
     return phases
-
-
-def excerpt(text: str, limit: int = 120) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def initial_prompt(ctx: RunContext) -> str:
@@ -122,8 +118,8 @@ async def gepa_phase(
             phase.round,
             seed.mean,
             best.mean,
-            excerpt(old),
-            excerpt(best.prompt),
+            excerpt(old, 120),
+            excerpt(best.prompt, 120),
         )
     else:
         log.info("round %d: GEPA kept s (Pareto mean %.3f)", phase.round, seed.mean)
@@ -148,10 +144,11 @@ async def rl_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict
 async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict[str, Any]:
     """One expert-iteration round under the current `s`: sample, (hint,) relabel, distil."""
     from art_rlvr.ei.expert import collect_round
+    from art_rlvr.ei.files import write_round_records
     from art_rlvr.ei.hints import make_teacher
     from art_rlvr.ei.records import RoundBuffer
     from art_rlvr.llm import LLMCounters
-    from art_rlvr.loops.ei import distill_in_run
+    from art_rlvr.loops.ei import book_round, distill_in_run
 
     cfg, ei = ctx.config, ctx.config.ei
     teacher = None
@@ -179,20 +176,18 @@ async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict
             max_exceptions=cfg.max_exceptions,
         )
         buffer = output.buffer
+        write_round_records(ctx.files, output, tag="_ei")
         state["ei_buffer"] = buffer.model_dump(mode="json")
         ctx.files.write_json("state.json", state)
+    began = time.monotonic()
     metrics = await distill_in_run(ctx, buffer, ei)
     stats = buffer.stats.model_dump()
-    ctx.files.append_metrics(
-        {
-            "event": "ei_round",
-            "round": phase.round,
-            "step": await ctx.model.get_step(),
-            **stats,
-            **{f"train/{k}": v for k, v in (metrics or {}).items()},
-            "wall_seconds": time.monotonic() - ctx.started,
-            "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-        }
+    book_round(
+        ctx,
+        buffer,
+        step=await ctx.model.get_step(),
+        train_metrics=metrics,
+        seconds=time.monotonic() - began,
     )
     totals = state.get("ei_totals", {})
     for key in ("examples_distilled", "recovered", "hints_generated", "teacher_errors"):
@@ -207,7 +202,7 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
     """Run (or resume) the GEPA / RL / EI schedule; the result goes into summary.json."""
     cfg = ctx.config
     phases = plan(
-        cfg.n_rounds,
+        cfg.rounds,
         gepa=cfg.mode in ("gepa_rl", "gepa_rl_ei"),
         skip_first_gepa=cfg.skip_first_gepa,
         expert_iteration=cfg.with_expert_iteration,
@@ -269,7 +264,9 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
         "reflection_errors": state.get("reflection_errors", 0),
     }
     if cfg.with_expert_iteration:
-        summary |= {f"ei_{k}": v for k, v in state.get("ei_totals", {}).items()}
+        # the same names as mode=ei's summary (`teacher_errors`: scenarios whose teacher call
+        # failed after retries), so the end-of-run summary and the report read them
+        summary |= {k: v for k, v in state.get("ei_totals", {}).items()}
         counters = state.get("teacher_counters") or {}
         summary["teacher_calls"] = counters.get("calls", 0)
     if cfg.eval_test and ctx.task.splits["test"]:

@@ -20,6 +20,9 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from art_rlvr.runfiles import trajectory_row
+from art_rlvr.text import prompt_hash
+
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -173,8 +176,6 @@ def op(
 
 
 def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    from art_rlvr.scenario import prompt_hash
-
     scenario = inputs.get("scenario")
     messages = inputs.get("messages")
     system = inputs.get("system_prompt")
@@ -200,8 +201,6 @@ def _messages(scenario: Any, system_prompt: str | None) -> list[dict[str, str]] 
 
 
 def trajectory_output(trajectory: Any) -> dict[str, Any]:
-    from art_rlvr.loops.files import trajectory_row
-
     row = trajectory_row(trajectory)
     return {key: row[key] for key in ("completion", "reward", "feedback", "metrics", "prompt_hash")}
 
@@ -212,8 +211,6 @@ def score_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    from art_rlvr.scenario import prompt_hash
-
     system = inputs.get("system_prompt")
     scenarios = inputs.get("scenarios") or []
     return {
@@ -276,8 +273,6 @@ def gepa_iteration_output(state: Any) -> dict[str, Any]:
 
 
 def ei_round_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    from art_rlvr.scenario import prompt_hash
-
     system = inputs.get("system_prompt")
     return {
         "round": inputs.get("round_index"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
 from art_rlvr.report import plots
 from art_rlvr.report.data import RunData, load_run
 from art_rlvr.report.page import document
@@ -11,7 +12,8 @@ from art_rlvr.report.page import document
 
 def figures(run: RunData) -> dict[str, bytes]:
     """Every figure the run has data for, in page order."""
-    train, evals, ei_rounds = run.events("train"), run.events("eval"), run.events("ei_round")
+    train, evals = run.events(TrainEvent), run.events(EvalEvent)
+    ei_rounds = run.events(EIRoundEvent)
     unit = run.step_unit
     drawn = {
         "curves": plots.curves(train, evals, ei_rounds, unit),

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_rlvr.loops.files import RunFiles, StateFileError
+from pydantic import BaseModel, ValidationError
+
+from art_rlvr.outcome import correct_from
+from art_rlvr.records import (
+    AlarmEvent,
+    Event,
+    PromptChangeEvent,
+    RecordError,
+    RunSummary,
+    parse_event,
+)
+from art_rlvr.runfiles import RunFiles, StateFileError
 
 RUN_MARKERS = ("config.json", "metrics.jsonl", "summary.json")
 _TRAJECTORY_NAME = re.compile(r"^(?P<kind>[a-z]+)_(?P<index>\d+)(?P<tag>.*)$")
@@ -37,8 +48,7 @@ class Trajectory:
 
     @property
     def correct(self) -> bool:
-        value = self.metrics.get("correct")
-        return bool(value) if isinstance(value, int | float) else self.reward >= 1.0
+        return correct_from(self.reward, self.metrics)
 
 
 @dataclass(frozen=True)
@@ -97,9 +107,9 @@ class GepaPhase:
 class RunData:
     root: Path
     config: dict[str, Any]
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
     state: dict[str, Any] | None
-    metrics: tuple[dict[str, Any], ...]
+    metrics: tuple[Event, ...]
     trajectory_files: tuple[TrajectoryFile, ...]
     gepa: tuple[GepaPhase, ...]
     notes: tuple[str, ...] = field(default=())
@@ -110,41 +120,47 @@ class RunData:
 
     @property
     def mode(self) -> str:
-        return str((self.summary or {}).get("mode") or self.config.get("mode") or "unknown")
+        mode = self.summary.mode if self.summary is not None else self.config.get("mode")
+        return str(mode or "unknown")
 
     @property
     def step_unit(self) -> str:
         """EI runs count evaluations and trajectory files by round, the others by step."""
         return "round" if self.mode == "ei" else "step"
 
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [r for r in self.metrics if r.get("event") == name]
+    def events[E: Event](self, kind: type[E]) -> list[E]:
+        return [r for r in self.metrics if isinstance(r, kind)]
 
     @property
     def alarms(self) -> list[Alarm]:
         """Alarms and early stops from metrics.jsonl and summary.json, each once."""
-        found = [*self.events("alarm"), *self.events("early_stop")]
-        summary = self.summary or {}
-        found += [a for a in summary.get("alarms") or [] if isinstance(a, dict)]
-        if isinstance(summary.get("early_stop"), dict):
-            found.append({"kind": "early_stop", **summary["early_stop"]})
+        found = [(a.kind, a.step, a.message) for a in self.events(AlarmEvent)]
+        summary = self.summary
+        listed = [*summary.alarms] if summary is not None else []
+        if summary is not None and summary.early_stop:
+            listed.append({"kind": "early_stop", **summary.early_stop})
+        found += [
+            (str(a.get("kind") or "alarm"), a.get("step"), str(a.get("message") or ""))
+            for a in listed
+        ]
         out: dict[tuple[str, int | None, str], Alarm] = {}
-        for record in found:
-            kind = str(record.get("kind") or record.get("event") or "alarm")
-            step = record.get("step")
-            message = str(record.get("message") or "")
+        for kind, step, message in found:
             alarm = Alarm(kind, step if isinstance(step, int) else None, message)
             out.setdefault((alarm.kind, alarm.step, alarm.message), alarm)
         return list(out.values())
 
     @property
-    def prompt_changes(self) -> list[dict[str, Any]]:
+    def prompt_changes(self) -> list[PromptChangeEvent]:
         """Accepted changes of `s` (GEPA+RL): metrics.jsonl events, else state.json's list."""
-        changes = self.events("prompt_change")
+        changes = self.events(PromptChangeEvent)
         if changes:
             return changes
         listed = (self.state or {}).get("prompt_changes")
-        return [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
+        return [
+            change
+            for c in (listed if isinstance(listed, list) else [])
+            if (change := _parsed(PromptChangeEvent, c)) is not None
+        ]
 
 
 def load_run(root: Path) -> RunData:
@@ -169,20 +185,43 @@ def load_run(root: Path) -> RunData:
     except StateFileError:
         state = None
         notes.append("state.json does not parse; prompt changes are taken from metrics.jsonl")
-    metrics = files.metrics()
-    cut = _line_count(root / "metrics.jsonl") - len(metrics)
+    raw = files.metrics()
+    metrics = [e for r in raw if isinstance(r, dict) and (e := _event(r)) is not None]
+    cut = _line_count(root / "metrics.jsonl") - len(raw)
     if cut:
         notes.append(f"{cut} line(s) of metrics.jsonl could not be read (cut by a crash?)")
+    if len(metrics) < len(raw):
+        notes.append(
+            f"{len(raw) - len(metrics)} line(s) of metrics.jsonl are no known event "
+            "(another version's run?) and are left out"
+        )
+    parsed_summary = _parsed(RunSummary, summary) if isinstance(summary, dict) else None
+    if summary is not None and parsed_summary is None:
+        notes.append("summary.json is not a run summary; numbers are taken from metrics.jsonl")
     return RunData(
         root=root,
         config=config if isinstance(config, dict) else {},
-        summary=summary if isinstance(summary, dict) else None,
+        summary=parsed_summary,
         state=state if isinstance(state, dict) else None,
-        metrics=tuple(r for r in metrics if isinstance(r, dict)),
+        metrics=tuple(metrics),
         trajectory_files=tuple(trajectory_files(root / "trajectories")),
         gepa=tuple(gepa_phases(root / "gepa")),
         notes=tuple(notes),
     )
+
+
+def _parsed[M: BaseModel](model: type[M], data: Any) -> M | None:
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _event(data: dict[str, Any]) -> Event | None:
+    try:
+        return parse_event(data)
+    except RecordError:
+        return None
 
 
 def _line_count(path: Path) -> int:

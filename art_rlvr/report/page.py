@@ -7,31 +7,32 @@ import base64
 import json
 from typing import Any
 
+from art_rlvr.config import MODE_TITLES
+from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
 from art_rlvr.report.data import RunData
 from art_rlvr.report.markup import details, duration, esc, num, pre, section, table
 from art_rlvr.report.prompts import prompt_section
 from art_rlvr.report.samples import system_prompt, trajectory_section
 from art_rlvr.report.style import CSS
-from art_rlvr.run import MODE_TITLES
 
 COMMON_KEYS = ("scenario", "seed", "base_model", "backend", "system_prompt", "max_tokens")
 RL_KEYS = ("groups_per_batch", "group_size", "learning_rate", "loss_fn", "lora_rank", "temperature")
 MODE_KEYS: dict[str, tuple[str, ...]] = {
     "eval": ("val_limit", "eval_temperature"),
     "rl": ("n_batches", *RL_KEYS, "eval_every", "val_limit", "patience"),
-    "gepa": ("gepa.max_metric_calls", "gepa.reflection_model", "gepa.traces_per_iteration",
-             "gepa.rollouts_per_problem", "gepa.pareto_size", "val_limit"),
-    "ei": ("ei.rounds", "ei.scenarios_per_round", "ei.expert_samples_per_x", "ei.distill",
-           "ei.enable_teacher_hints", "ei.teacher_model", "val_limit"),
+    "gepa": ("gepa.max_metric_calls", "gepa.reflection.model", "gepa.traces_per_iteration",
+             "gepa.group_size", "gepa.pareto_size", "val_limit"),
+    "ei": ("ei.rounds", "ei.scenarios_per_round", "ei.group_size", "ei.distill",
+           "ei.enable_teacher_hints", "ei.teacher.model", "val_limit"),
 }  # fmt: skip
 MODE_KEYS["gepa_rl"] = (
-    "n_rounds",
+    "rounds",
     "rl_batches_per_round",
     "skip_first_gepa",
     "enable_expert_iteration",
     *RL_KEYS,
     "gepa.max_metric_calls",
-    "gepa.reflection_model",
+    "gepa.reflection.model",
     "val_limit",
 )
 MODE_KEYS["gepa_rl_ei"] = (*MODE_KEYS["gepa_rl"], "ei.scenarios_per_round", "ei.distill")
@@ -49,7 +50,7 @@ SUMMARY_KEYS = (
     ("reflection errors", "reflection_errors"),
     ("teacher calls", "teacher_calls"),
     ("examples distilled", "examples_distilled"),
-    ("examples distilled (EI)", "ei_examples_distilled"),
+    ("examples distilled (EI)", "examples_distilled"),
     ("recovered by hints", "recovered"),
     ("peak RSS MB", "peak_rss_mb"),
 )
@@ -114,21 +115,20 @@ def notes_box(run: RunData) -> str:
 
 def progress(run: RunData) -> dict[str, Any]:
     """Numbers of an unfinished run, from metrics.jsonl (a finished one has summary.json)."""
-    train, val = run.events("train"), [e for e in run.events("eval") if e.get("split") == "val"]
-    walls = [
-        r["wall_seconds"] for r in run.metrics if isinstance(r.get("wall_seconds"), int | float)
-    ]
+    train = run.events(TrainEvent)
+    val = [e for e in run.events(EvalEvent) if e.split == "val"]
+    walls = [w for r in run.metrics if isinstance(w := getattr(r, "wall_seconds", None), float)]
     return {
-        "steps": train[-1].get("step") if train else None,
-        "val_accuracy_before": val[0].get("accuracy") if val else None,
-        "val_accuracy_after": val[-1].get("accuracy") if len(val) > 1 else None,
-        "rollouts": int(sum(r.get("trajectories") or 0 for r in train)) or None,
+        "steps": train[-1].step if train else None,
+        "val_accuracy_before": val[0].accuracy if val else None,
+        "val_accuracy_after": val[-1].accuracy if len(val) > 1 else None,
+        "rollouts": int(sum(r.trajectories for r in train)) or None,
         "wall_seconds": max(walls) if walls else None,
     }
 
 
 def summary_section(run: RunData) -> str:
-    numbers = run.summary if run.summary is not None else progress(run)
+    numbers = run.summary.model_dump() if run.summary is not None else progress(run)
     cards = [
         f'<div class="card"><span>{esc(label)}</span><b>{esc(num(numbers[key]))}</b></div>'
         for label, key in SUMMARY_KEYS
@@ -139,7 +139,7 @@ def summary_section(run: RunData) -> str:
         "</b></div>"
     )
     full = (
-        details("summary.json", pre(json.dumps(run.summary, indent=2, sort_keys=True)))
+        details("summary.json", pre(run.summary.model_dump_json(indent=2)))
         if run.summary is not None
         else "<p class='small'>No summary.json yet: numbers so far, from metrics.jsonl.</p>"
     )
@@ -171,18 +171,18 @@ def figures_section(images: dict[str, bytes]) -> str:
 
 
 def evals_section(run: RunData) -> str:
-    evals = run.events("eval")
+    evals = run.events(EvalEvent)
     if not evals:
         return ""
     rows = [
         (
-            e.get("split", "?"),
-            e.get("step", "?"),
-            str(e.get("tag") or "").lstrip("_") or "-",
-            num(e.get("accuracy")),
-            num(e.get("reward_mean")),
-            num(e.get("tokens_per_completion"), 1),
-            e.get("errors", 0),
+            e.split,
+            e.step,
+            e.tag.lstrip("_") or "-",
+            num(e.accuracy),
+            num(e.reward_mean),
+            num(e.tokens_per_completion, 1),
+            e.errors,
         )
         for e in evals
     ]
@@ -191,14 +191,15 @@ def evals_section(run: RunData) -> str:
 
 
 def ei_section(run: RunData) -> str:
-    rounds = run.events("ei_round")
+    rounds = run.events(EIRoundEvent)
     if not rounds:
         return ""
+    lines = [r.line() for r in rounds]
     keys = sorted(
-        {k for r in rounds for k, v in r.items() if k not in EI_SKIP and not isinstance(v, dict)}
+        {k for r in lines for k, v in r.items() if k not in EI_SKIP and not isinstance(v, dict)}
     )
-    rows = [(k, *(num(r.get(k)) for r in rounds)) for k in keys]
-    labels = [f"round {r.get('round', '?')} (step {r.get('step', '?')})" for r in rounds]
+    rows = [(k, *(num(r.get(k)) for r in lines)) for k in keys]
+    labels = [f"round {r.round} (step {r.step})" for r in rounds]
     return section("ei", "Expert iteration per round", table(["counter", *labels], rows, "ei"))
 
 

@@ -12,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from art_rlvr.records import EIRoundEvent, EvalEvent, Event, TrainEvent
 from art_rlvr.report.data import Proposal
 
 GREEN, RED, GREY, BLUE, ORANGE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00"
@@ -45,22 +46,31 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _series(records: Sequence[dict[str, Any]], key: str, x: str = "step") -> tuple[list, list]:
-    pairs = [(r[x], r[key]) for r in records if _is_number(r.get(x)) and _is_number(r.get(key))]
+def _field(record: Event, key: str) -> Any:
+    """A field of a typed event, or one of its extras (`train/loss`, a round counter)."""
+    return getattr(record, key, None)
+
+
+def _series(records: Sequence[Event], key: str, x: str = "step") -> tuple[list, list]:
+    pairs = [
+        (_field(r, x), _field(r, key))
+        for r in records
+        if _is_number(_field(r, x)) and _is_number(_field(r, key))
+    ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def curves(
-    train: Sequence[dict[str, Any]],
-    evals: Sequence[dict[str, Any]],
-    ei_rounds: Sequence[dict[str, Any]],
+    train: Sequence[TrainEvent],
+    evals: Sequence[EvalEvent],
+    ei_rounds: Sequence[EIRoundEvent],
     unit: str,
 ) -> bytes | None:
     """Train reward / accuracy per step and val / test accuracy per evaluation. Evaluations
     keep their order: a GEPA+RL run evaluates twice at one step (before and after a prompt
     change), which shows as a vertical segment; tagged points are labelled with their phase."""
-    val = [e for e in evals if e.get("split") == "val"]
-    test = [e for e in evals if e.get("split") == "test"]
+    val = [e for e in evals if e.split == "val"]
+    test = [e for e in evals if e.split == "test"]
     if not (train or val or test or ei_rounds):
         return None
     fig, ax = _figure()
@@ -73,18 +83,18 @@ def curves(
     xs, ys = _series(ei_rounds, "clean_accuracy", "round" if unit == "round" else "step")
     if xs:
         ax.plot(xs, ys, "s--", color=GREY, ms=4, label="EI clean-attempt accuracy")
-    points = [e for e in val if _is_number(e.get("step")) and _is_number(e.get("accuracy"))]
+    points = val
     if points:
-        xs, ys = [e["step"] for e in points], [e["accuracy"] for e in points]
+        xs, ys = [e.step for e in points], [e.accuracy for e in points]
         ax.plot(xs, ys, "o-", color=GREEN, lw=2, ms=5, label="val accuracy")
         seen: dict[float, int] = {}
         for e in points:
-            tag = str(e.get("tag") or "").lstrip("_")
+            tag = e.tag.lstrip("_")
             if tag:  # several evaluations at one step (phases) are labelled one above the other
-                row = seen[e["step"]] = seen.get(e["step"], -1) + 1
+                row = seen[e.step] = seen.get(e.step, -1) + 1
                 ax.annotate(
                     tag,
-                    (e["step"], e["accuracy"]),
+                    (e.step, e.accuracy),
                     xytext=(3, 5 + 9 * row),
                     fontsize=7,
                     textcoords="offset points",
@@ -97,20 +107,20 @@ def curves(
     return _png(fig)
 
 
-def group_fractions(train: Sequence[dict[str, Any]]) -> bytes | None:
+def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
     """Where the GRPO signal is: only mixed groups have a non-zero advantage."""
-    rows = [r for r in train if isinstance(r.get("step"), int) and "frac_mixed" in r]
+    rows = [r for r in train if r.groups > 0]
     if not rows:
         return None
     fig, ax = _figure(3.0)
-    steps = [r["step"] for r in rows]
+    steps = [r.step for r in rows]
     bottom = [0.0] * len(rows)
     for key, colour, label in (
         ("frac_all_correct", GREEN, "all correct"),
         ("frac_mixed", BLUE, "mixed (learning signal)"),
         ("frac_all_wrong", RED, "all wrong"),
     ):
-        values = [float(r.get(key) or 0.0) for r in rows]
+        values = [float(getattr(r, key)) for r in rows]
         ax.bar(steps, values, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(xlabel="step", ylabel="fraction of groups", ylim=(0, 1.02))
@@ -118,13 +128,11 @@ def group_fractions(train: Sequence[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def tokens(
-    train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], unit: str
-) -> bytes | None:
+def tokens(train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str) -> bytes | None:
     """Completion length: a sudden change is often the first sign of reward hacking."""
     lines = [("train (sampled)", "-", ORANGE, _series(train, "tokens_per_completion"))]
     for split, style, colour in (("val", "o-", GREEN), ("test", "*", RED)):
-        chosen = [e for e in evals if e.get("split") == split]
+        chosen = [e for e in evals if e.split == split]
         lines.append((f"{split} (greedy)", style, colour, _series(chosen, "tokens_per_completion")))
     if not any(xs for *_, (xs, _) in lines):
         return None
@@ -138,20 +146,18 @@ def tokens(
     return _png(fig)
 
 
-def ei_counters(rounds: Sequence[dict[str, Any]]) -> bytes | None:
+def ei_counters(rounds: Sequence[EIRoundEvent]) -> bytes | None:
     """Per-round counters of expert iteration, as grouped bars (zero counters left out)."""
-    keys = [k for k in EI_COUNTERS if any(r.get(k) for r in rounds)]
+    keys = [k for k in EI_COUNTERS if any(r.stat(k) for r in rounds)]
     if not rounds or not keys:
         return None
     fig, ax = _figure(3.0)
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
-        xs = [
-            int(r.get("round", n)) + (i - (len(keys) - 1) / 2) * width for n, r in enumerate(rounds)
-        ]
-        ax.bar(xs, [float(r.get(key) or 0) for r in rounds], width=width, label=key)
+        xs = [r.round + (i - (len(keys) - 1) / 2) * width for r in rounds]
+        ax.bar(xs, [r.stat(key) for r in rounds], width=width, label=key)
     ax.set(xlabel="EI round", ylabel="count")
-    ax.set_xticks(sorted({int(r.get("round", n)) for n, r in enumerate(rounds)}))
+    ax.set_xticks(sorted({r.round for r in rounds}))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
-from typing import Any
 
+from art_rlvr.records import PromptChangeEvent
 from art_rlvr.report.data import GepaPhase, Proposal, RunData
 from art_rlvr.report.markup import details, esc, num, pre, section, table
 
@@ -42,16 +42,16 @@ def diff_block(old: str, new: str, names: tuple[str, str] = ("old", "new")) -> s
     return word_diff(old, new) + details("unified diff and full texts", unified(old, new, names))
 
 
-def change_block(change: dict[str, Any]) -> str:
+def change_block(change: PromptChangeEvent) -> str:
     """One `prompt_change` record of a GEPA+RL run."""
     head = (
-        f"round {esc(change.get('round', '?'))}, step {esc(change.get('step', '?'))}: "
-        f"Pareto mean {num(change.get('old_pareto_mean'))} &rarr; "
-        f"{num(change.get('new_pareto_mean'))}, val accuracy "
-        f"{num(change.get('old_val_accuracy'))} &rarr; {num(change.get('new_val_accuracy'))}"
-        f" (origin: {esc(change.get('origin', '?'))})"
+        f"round {esc(change.round)}, step {esc(change.step)}: "
+        f"Pareto mean {num(change.old_pareto_mean)} &rarr; "
+        f"{num(change.new_pareto_mean)}, val accuracy "
+        f"{num(change.old_val_accuracy)} &rarr; {num(change.new_val_accuracy)}"
+        f" (origin: {esc(change.origin or '?')})"
     )
-    body = diff_block(str(change.get("old") or ""), str(change.get("new") or ""))
+    body = diff_block(change.old, change.new)
     return f'<div class="change"><h3>{head}</h3>{body}</div>'
 
 
@@ -107,16 +107,16 @@ def prompt_section(run: RunData, system: str | None) -> str:
         parts.append(f"<p>{len(changes)} accepted change(s) of the system prompt s:</p>")
         parts += [change_block(c) for c in changes]
     elif run.mode in ("gepa_rl", "gepa_rl_ei"):
-        final = (run.summary or {}).get("final_prompt") or (run.state or {}).get("prompt")
+        final = (run.summary and run.summary.final_prompt) or (run.state or {}).get("prompt")
         parts.append("<p>s never changed: no GEPA candidate beat it on the Pareto set.</p>")
         if final:
             parts.append(pre(str(final)))
-    summary = run.summary or {}
-    seed, best = summary.get("seed_prompt"), summary.get("best_prompt")
+    summary = run.summary
+    seed, best = (summary.seed_prompt, summary.best_prompt) if summary else (None, None)
     if run.mode == "gepa" and seed and best:
         scores = (
-            f"val accuracy {num(summary.get('val_accuracy_before'))} &rarr; "
-            f"{num(summary.get('val_accuracy_after'))}"
+            f"val accuracy {num(summary.val_accuracy_before)} &rarr; "
+            f"{num(summary.val_accuracy_after)}"
         )
         if seed == best:
             parts.append(f"<h3>GEPA kept the seed prompt ({scores})</h3>{pre(str(seed))}")

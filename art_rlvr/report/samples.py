@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from art_rlvr.records import EvalEvent
 from art_rlvr.report.data import RunData, Trajectory, TrajectoryFile, read_trajectories
 from art_rlvr.report.markup import details, esc, num, pre, section, slug
 
@@ -94,9 +95,8 @@ def train_samples(run: RunData) -> str:
 
 def eval_order(run: RunData, f: TrajectoryFile) -> tuple[int, int, str]:
     """Evaluation files in the order they were run (metrics.jsonl), then by step and name."""
-    for n, e in enumerate(run.events("eval")):
-        tag = str(e.get("tag") or "").lstrip("_")
-        if (e.get("split"), e.get("step"), tag) == (f.kind, f.index, f.tag):
+    for n, e in enumerate(run.events(EvalEvent)):
+        if (e.split, e.step, e.tag.lstrip("_")) == (f.kind, f.index, f.tag):
             return (n, 0, "")
     return (len(run.metrics), f.index if f.index is not None else -1, f.label)
 

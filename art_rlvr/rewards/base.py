@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from art_rlvr.outcome import correct_from
+
 Record = Mapping[str, Any]
 
 
@@ -22,7 +24,7 @@ class Score(BaseModel):
 
     @property
     def correct(self) -> bool:
-        return self.metrics.get("correct", float(self.reward >= 1.0)) >= 1.0
+        return correct_from(self.reward, self.metrics)
 
 
 RewardFn = Callable[[Record, str], Score | Awaitable[Score]]

@@ -1,9 +1,10 @@
 """A scripted OpenAI-compatible chat-completions server on 127.0.0.1, for tests.
 
-Each POST to `/v1/chat/completions` consumes the next `Step` of a script: a reply, an HTTP error
-(with an optional Retry-After), a delay long enough to trip a client timeout, a connection reset,
-malformed JSON, empty content or a truncated reply. Every request is recorded, so a test can
-check what a client sent (retries, the reflection prompt) and what it never sent (a key in a log).
+Each POST to `/v1/chat/completions` consumes the next `Step` of a script: a reply (optionally
+with tool calls), an HTTP error (with an optional Retry-After), a delay long enough to trip a
+client timeout, a connection reset, malformed JSON, empty content or a truncated reply. Every
+request is recorded, so a test can check what a client sent (retries, the reflection prompt)
+and what it never sent (a key in a log).
 
 It is built on the standard library's threading HTTP server rather than FastAPI: a connection
 reset needs the raw socket, which an ASGI app never sees.
@@ -27,6 +28,15 @@ from pydantic import BaseModel, ConfigDict, Field
 Action = Literal["reply", "error", "reset", "malformed", "empty", "truncated"]
 
 
+class ScriptedCall(BaseModel):
+    """A tool call in a scripted reply; `arguments` is sent as given, so it may be bad JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    arguments: str = "{}"
+
+
 class Step(BaseModel):
     """One scripted answer; build them with the class methods, which read like the script."""
 
@@ -37,6 +47,20 @@ class Step(BaseModel):
     status: int = Field(default=200, ge=100, le=599)
     retry_after: float | None = Field(default=None, ge=0)
     delay_s: float = Field(default=0.0, ge=0)
+    tool_calls: tuple[ScriptedCall, ...] = ()
+
+    @classmethod
+    def calls(cls, *calls: tuple[str, str | dict[str, Any]], text: str | None = None) -> Step:
+        """A reply whose message calls tools (finish_reason "tool_calls"): each call is
+        (name, arguments), a dict sent as JSON or a string sent as is."""
+        return cls(
+            action="reply",
+            text=text,
+            tool_calls=tuple(
+                ScriptedCall(name=n, arguments=a if isinstance(a, str) else json.dumps(a))
+                for n, a in calls
+            ),
+        )
 
     @classmethod
     def reply(cls, text: str | None, *, delay_s: float = 0.0) -> Step:
@@ -122,8 +146,24 @@ class _Script:
             return self.steps[index]
 
 
-def completion_payload(text: str | None, model: str, finish_reason: str = "stop") -> dict[str, Any]:
+def completion_payload(
+    text: str | None,
+    model: str,
+    finish_reason: str = "stop",
+    tool_calls: tuple[ScriptedCall, ...] = (),
+) -> dict[str, Any]:
     words = len((text or "").split())
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:12]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in tool_calls
+        ]
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
@@ -132,7 +172,7 @@ def completion_payload(text: str | None, model: str, finish_reason: str = "stop"
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish_reason,
             }
         ],
@@ -212,7 +252,8 @@ def _handler(script: _Script) -> type[BaseHTTPRequestHandler]:
                 self._send(200, json.dumps(completion_payload("", model)).encode())
                 return
             finish = "length" if step.action == "truncated" else "stop"
-            self._send(200, json.dumps(completion_payload(step.text, model, finish)).encode())
+            payload = completion_payload(step.text, model, finish, step.tool_calls)
+            self._send(200, json.dumps(payload).encode())
 
     return Handler
 
@@ -240,7 +281,11 @@ class ScriptedServer:
         self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="scripted-llm", daemon=True
+            # a short poll: `close` waits one poll interval (0.5 s by default) per server
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="scripted-llm",
+            daemon=True,
         )
         self._thread.start()
 
@@ -279,4 +324,4 @@ class ScriptedServer:
         self.close()
 
 
-__all__ = ["Recorded", "ScriptedServer", "Step", "completion_payload"]
+__all__ = ["Recorded", "ScriptedCall", "ScriptedServer", "Step", "completion_payload"]

@@ -8,6 +8,7 @@ import art
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.observe import tracing
+from art_rlvr.outcome import is_correct
 from art_rlvr.rollouts import SamplingConfig, rollout
 from art_rlvr.scenario import Scenario
 
@@ -63,7 +64,7 @@ async def evaluate(
     return EvalReport(
         split=split,
         n=n,
-        accuracy=sum(float(t.metrics.get("correct", t.reward >= 1.0)) for t in trajectories) / n,
+        accuracy=sum(is_correct(t) for t in trajectories) / n,
         mean_reward=sum(t.reward for t in trajectories) / n,
         format_rate=mean("format"),
         mean_completion_tokens=mean("completion_tokens"),

@@ -8,13 +8,30 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from art_rlvr.backend.checkpoints import write_json_atomic
+from art_rlvr.outcome import as_message, completion_text, feedback_of, is_correct, is_sampled
+from art_rlvr.records import Event, _Event, parse_events
 
 if TYPE_CHECKING:
     import art
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """temp file + fsync + rename: readers see the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp).replace(path)
+    finally:
+        if Path(tmp).exists():
+            Path(tmp).unlink()
 
 
 class StateFileError(RuntimeError):
@@ -70,6 +87,15 @@ class RunFiles:
             )
         return data
 
+    def append_event(self, event: _Event) -> None:
+        """One typed event (art_rlvr.records) as a line of metrics.jsonl."""
+        self.append_metrics(event.line())
+
+    def events(self) -> list[Event]:
+        """metrics.jsonl as typed events (torn lines skipped; an unknown event is an error)."""
+        path = self.root / "metrics.jsonl"
+        return parse_events(path.read_text().splitlines()) if path.exists() else []
+
     def append_metrics(self, record: dict[str, Any]) -> None:
         """One JSON line per event; fsynced so a crash keeps every finished line."""
         if not self._tail_checked:
@@ -105,16 +131,18 @@ class RunFiles:
 
 
 def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
-    """A readable record of one trajectory: prompt, completion, reward, feedback."""
+    """A readable record of one trajectory: every message before the last sampled turn, that
+    turn's text as `completion`, reward, feedback, metrics and logs."""
     items = list(t.messages_and_choices)
-    prompt = [m for m in items if isinstance(m, dict)]
-    completions = [getattr(c, "message", None) for c in items if not isinstance(c, dict)]
+    last = max((i for i, item in enumerate(items) if is_sampled(item)), default=len(items))
     return {
         "scenario_id": t.metadata.get("scenario_id"),
         "prompt_hash": t.metadata.get("prompt_hash"),
-        "messages": prompt,
-        "completion": completions[-1].content if completions and completions[-1] else None,
+        "messages": [as_message(item) for item in items[:last]],
+        "completion": completion_text(t) if last < len(items) else None,
         "reward": t.reward,
-        "feedback": t.logs[0] if t.logs else "",
+        "correct": is_correct(t),
+        "feedback": feedback_of(t),
         "metrics": dict(t.metrics),
+        "logs": list(t.logs),
     }

@@ -1,0 +1,177 @@
+"""The proposer's side of an iteration (gepa's `proposer/`): ask the reflection LM, replay its
+journaled replies on resume, and re-ask until a reply passes the proposal check.
+
+`Run` is what an iteration works with (config, adapter, store, reflection, data); it is built
+once per run by the optimizer and passed explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from art_rlvr.gepa.adapter import ARTPromptAdapter
+from art_rlvr.gepa.config import GEPAConfig
+from art_rlvr.gepa.proposal import check_proposal, normalize
+from art_rlvr.gepa.records import Candidate, GEPAState, HistoryEvent, Rejection
+from art_rlvr.gepa.store import EvalStore, Journal
+from art_rlvr.llm import LLMClient, LLMError, LLMReply
+from art_rlvr.scenario import Scenario
+
+log = logging.getLogger(__name__)
+
+
+def unique(scenarios: Sequence[Scenario]) -> list[Scenario]:
+    return list({sc.id: sc for sc in scenarios}.values())
+
+
+def known_prompts(
+    rejections: Sequence[Rejection], candidates: Sequence[Candidate]
+) -> dict[str, str]:
+    """Normalised prompt -> why it must not be proposed again (shown to the reflection LM)."""
+    known = {normalize(r.prompt): f"rejected: {r.reason}" for r in rejections}
+    return known | {normalize(c.prompt): f"already candidate #{c.index}" for c in candidates}
+
+
+def stop(state: GEPAState, reason: str) -> GEPAState:
+    log.info("GEPA stops: %s", reason)
+    return state.model_copy(update={"stop_reason": reason})
+
+
+@dataclass
+class ReflectionCalls:
+    """The reflection LM's replies (and non-fatal errors), journaled as they come and replayed
+    by key on resume, so a killed run asks nothing twice."""
+
+    client: LLMClient
+    journal: Journal
+    replies: dict[str, dict[str, Any]]
+
+    async def ask(self, key: str, messages: list[dict[str, str]]) -> LLMReply:
+        if key in self.replies:
+            done = self.replies[key]
+            if "error" in done:
+                e = done["error"]
+                raise LLMError(e["message"], kind=e["kind"], status=e.get("status"))
+            return LLMReply.model_validate(done["reply"])
+        try:
+            reply = await self.client.acomplete(messages)
+        except LLMError as error:
+            if not error.fatal:
+                record = {
+                    "error": {"message": str(error), "kind": error.kind, "status": error.status}
+                }
+                self._record(key, record)
+            raise
+        self._record(key, {"reply": reply.model_dump(mode="json")})
+        return reply
+
+    def _record(self, key: str, record: dict[str, Any]) -> None:
+        self.replies[key] = record
+        self.journal.append(
+            {
+                "type": "reflection",
+                "key": key,
+                **record,
+                "counters": self.client.counters.snapshot(),
+            }
+        )
+
+
+@dataclass
+class Run:
+    config: GEPAConfig
+    adapter: ARTPromptAdapter
+    store: EvalStore
+    reflection: ReflectionCalls
+    pareto: list[Scenario]
+    feedback: list[Scenario]
+
+    def cost(self, prompt: str | None, scenarios: Sequence[Scenario]) -> int:
+        """Metric calls to evaluate `prompt` on `scenarios` (None: a new prompt, nothing cached)."""
+        todo = unique(scenarios) if prompt is None else self.store.missing(prompt, scenarios)
+        return self.config.evaluation_cost(len(todo))
+
+    def event(self, **fields: Any) -> HistoryEvent:
+        return HistoryEvent(metric_calls=self.store.spent, **fields)
+
+
+async def propose(
+    run: Run,
+    state: GEPAState,
+    *,
+    key: str,
+    kind: str,
+    build: Callable[[Sequence[Rejection]], list[dict[str, str]]],
+    parent_prompts: Sequence[str],
+    answers: Sequence[str],
+    base: dict[str, Any],
+) -> tuple[GEPAState, str | None]:
+    """Ask until a reply passes `check_proposal` (or attempts run out); every refused reply is
+    a history event with its rejection kind, and a refused prompt is remembered and shown on
+    the next ask."""
+    cfg = run.config
+    history, rejections = list(state.history), list(state.rejections)
+    counts = dict(state.counts)
+
+    def settled(**update: Any) -> GEPAState:
+        return state.model_copy(
+            update={
+                "history": tuple(history),
+                "rejections": tuple(rejections),
+                "counts": counts,
+                **update,
+            }
+        )
+
+    for attempt in range(1, cfg.max_reflection_attempts + 1):
+        shown = rejections[-cfg.max_shown_rejections :] if cfg.max_shown_rejections else []
+        try:
+            reply = await run.reflection.ask(f"{key}:{attempt}", build(shown))
+        except LLMError as error:
+            if error.fatal:
+                raise
+            streak = state.error_streak + 1
+            log.error("iteration %d: reflection failed (%s); moving on", base["iteration"], error)
+            history.append(
+                run.event(kind="reflection_error", attempt=attempt, reason=str(error), **base)
+            )
+            counts["reflection_errors"] = counts.get("reflection_errors", 0) + 1
+            state = settled(error_streak=streak)
+            if streak >= cfg.max_consecutive_errors:
+                state = stop(state, f"reflection failed {streak} times in a row; last: {error}")
+            return state, None
+        known = known_prompts(rejections, state.candidates)
+        verdict = check_proposal(
+            reply.text,
+            reply.finish_reason,
+            parents=parent_prompts,
+            known=known,
+            answers=answers,
+            max_chars=cfg.max_prompt_chars,
+        )
+        if verdict.rejection is None:
+            return settled(error_streak=0), verdict.prompt
+        reason = verdict.reason or verdict.rejection.value
+        log.info(
+            "iteration %d attempt %d: proposal refused: %s", base["iteration"], attempt, reason
+        )
+        history.append(
+            run.event(
+                kind=kind,
+                attempt=attempt,
+                prompt=verdict.prompt,
+                reason=reason,
+                rejection=verdict.rejection,
+                finish_reason=reply.finish_reason,
+                **base,
+            )
+        )
+        counts["refused_proposals"] = counts.get("refused_proposals", 0) + 1
+        if verdict.prompt and normalize(verdict.prompt) not in known:
+            rejections.append(
+                Rejection(iteration=base["iteration"], prompt=verdict.prompt, reason=reason)
+            )
+    return settled(error_streak=0), None

@@ -1,0 +1,75 @@
+"""How a GEPA run starts or restarts: its seed prompt, its data split, the fingerprint a resumed
+run must match, and reopening a stopped state. Pure functions, light imports (the CLI loops
+may call them before `import art`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from art_rlvr.gepa.config import GEPAConfig
+from art_rlvr.gepa.records import GEPAState
+
+if TYPE_CHECKING:
+    from art_rlvr.scenario import Scenario, Task
+
+# fields that shape the search; the budget, iteration cap, report and reflection transport may
+# change between a run and its resume
+_FINGERPRINT_EXCLUDE = {
+    "max_metric_calls",
+    "max_iterations",
+    "max_consecutive_errors",
+    "max_perfect_streak",
+    "report_val_limit",
+    "report_max_tokens",
+}
+
+
+def choose_seed_prompt(
+    *,
+    given: str | None = None,
+    gepa: str | None = None,
+    run: str | None = None,
+    task_default: str,
+) -> str:
+    """The one precedence for the prompt GEPA starts from: a prompt passed in by the caller,
+    else GEPA's `seed_prompt`, else the run's `system_prompt`, else the task's default."""
+    return next((p for p in (given, gepa, run) if p is not None), task_default)
+
+
+def split_train(
+    train: Sequence[Scenario], pareto_size: int, seed: int
+) -> tuple[list[Scenario], list[Scenario]]:
+    """A seeded Pareto set (scores candidates) and the disjoint feedback pool (minibatches),
+    both from train, so the val split stays an honest held-out report."""
+    if len(train) <= pareto_size:
+        raise ValueError(
+            f"the train split has {len(train)} scenarios; GEPA needs more than pareto_size="
+            f"{pareto_size} (the rest feed the reflection minibatches)"
+        )
+    order = list(range(len(train)))
+    random.Random(f"gepa-split:{seed}").shuffle(order)
+    return [train[i] for i in order[:pareto_size]], [train[i] for i in order[pareto_size:]]
+
+
+def fingerprint(config: GEPAConfig, task: Task, seed_prompt: str, pareto: Sequence[str]) -> str:
+    shaping = {
+        k: v
+        for k, v in config.model_dump(mode="json").items()
+        if k not in _FINGERPRINT_EXCLUDE and k != "reflection"
+    }
+    blob = json.dumps([shaping, task.name, seed_prompt, list(pareto)], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def reopen(state: GEPAState, config: GEPAConfig) -> GEPAState:
+    """A stopped run, re-run: budget and iteration stops are re-checked against the (maybe
+    raised) limits before anything is spent; a reflector that failed is tried again; a run
+    that ran out of failures to reflect on stays stopped unless `max_perfect_streak` grew."""
+    stop = state.stop_reason or ""
+    if stop.startswith("perfect") and state.perfect_streak >= config.max_perfect_streak:
+        return state
+    return state.model_copy(update={"stop_reason": None, "error_streak": 0})

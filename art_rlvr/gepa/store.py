@@ -1,0 +1,155 @@
+"""What a GEPA run keeps on disk: the write-ahead journal, the evaluation store and meter, and
+the folder of decisions (gepa's `GEPAState` persistence, made crash-safe).
+
+Evaluations and reflection replies are journaled as they happen (fsynced per record); the
+decisions (`state.json`, `prompt_history.jsonl`, `frontier.json`) are replaced atomically at
+iteration boundaries; `result.json` is written once at the end. A killed run replays its
+unfinished iteration from the journal without paying twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from art_rlvr.gepa.pareto import frontier_indices
+from art_rlvr.gepa.records import GEPAState, ScenarioEval
+from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
+from art_rlvr.text import prompt_hash
+
+if TYPE_CHECKING:
+    from art_rlvr.gepa.result import GEPAResult
+    from art_rlvr.scenario import Scenario
+
+
+class BudgetExceeded(RuntimeError):
+    """An evaluation would take the run past max_metric_calls; it was not started."""
+
+
+class Journal:
+    """Append-only JSONL, fsynced per record: what a killed run had already paid for.
+    A torn last line (a kill mid-write) is dropped on load."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def load(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.exists():
+            return []
+        drop_torn_tail(self.path)  # a write cut by a kill: that record never happened
+        out = []
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise StateFileError(
+                    f"{self.path}:{number} is corrupt (a kill can only cut the last line, which "
+                    "is dropped); move the file away to start over, or restore it"
+                ) from None
+        return out
+
+
+class EvalStore:
+    """(prompt, scenario) -> ScenarioEval, the metric-call meter, and their journal."""
+
+    def __init__(self, max_metric_calls: int, journal: Journal) -> None:
+        self.max_metric_calls = max_metric_calls
+        self.journal = journal
+        self._cache: dict[tuple[str, str], ScenarioEval] = {}
+        for record in journal.load():
+            if record.get("type") == "eval":
+                ev = ScenarioEval.model_validate(record["eval"])
+                self._cache[(ev.prompt_hash, ev.scenario_id)] = ev
+        self.spent = sum(len(ev.rollouts) for ev in self._cache.values())
+
+    @property
+    def remaining(self) -> int:
+        return self.max_metric_calls - self.spent
+
+    def get(self, prompt: str, scenario_id: str) -> ScenarioEval | None:
+        return self._cache.get((prompt_hash(prompt), scenario_id))
+
+    def missing(self, prompt: str, scenarios: Sequence[Scenario]) -> list[Scenario]:
+        """Scenarios (deduplicated, in order) this prompt has no result for yet."""
+        todo = {sc.id: sc for sc in scenarios if self.get(prompt, sc.id) is None}
+        return list(todo.values())
+
+    def reserve(self, calls: int) -> None:
+        if self.spent + calls > self.max_metric_calls:
+            raise BudgetExceeded(
+                f"{calls} metric calls requested, {self.remaining} of {self.max_metric_calls} left"
+            )
+
+    def put(self, ev: ScenarioEval) -> None:
+        key = (ev.prompt_hash, ev.scenario_id)
+        if key in self._cache:
+            return
+        self.journal.append({"type": "eval", "eval": ev.model_dump(mode="json")})
+        self._cache[key] = ev
+        self.spent += len(ev.rollouts)
+
+
+def write_jsonl_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as handle:
+        handle.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+
+
+class GEPAFiles:
+    """The GEPA folder: state.json (decisions), journal.jsonl (write-ahead: evaluations and
+    replies), prompt_history.jsonl, frontier.json and result.json. With no folder, nothing is
+    written and nothing can be resumed."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.files = RunFiles(root) if root is not None else None
+        self.journal = Journal(root / "journal.jsonl" if root is not None else None)
+
+    @property
+    def root(self) -> Path | None:
+        return self.files.root if self.files else None
+
+    def load_state(self) -> GEPAState | None:
+        data = self.files.read_json("state.json") if self.files else None
+        if data is None:
+            return None
+        try:
+            return GEPAState.model_validate(data)
+        except ValidationError:
+            raise StateFileError(
+                f"{self.files.root / 'state.json'} is not a GEPA state (another mode's run?); "
+                "use a new run_dir"
+            ) from None
+
+    def save(self, state: GEPAState) -> None:
+        if self.files is None:
+            return
+        self.files.write_json("state.json", state.model_dump(mode="json"))
+        write_jsonl_atomic(
+            self.files.root / "prompt_history.jsonl",
+            [e.model_dump(mode="json") for e in state.history],
+        )
+        self.files.write_json(
+            "frontier.json",
+            [state.candidates[i].model_dump(mode="json") for i in frontier_indices(state)],
+        )
+
+    def write_result(self, result: GEPAResult) -> None:
+        if self.files is not None:
+            self.files.write_json("result.json", result.model_dump(mode="json"))

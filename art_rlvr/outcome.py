@@ -1,0 +1,104 @@
+"""The trajectory contract: where a scored `art.Trajectory` keeps what its reward said.
+
+Every rollout (a single reply or a multi-turn episode) ends in `attach_outcome`, and every reader
+(training statistics, evaluation, GEPA, expert iteration, run files, the report) goes through
+`outcome_of` / `is_correct` / `turns`, so "is this correct?" is decided in one place:
+
+- `trajectory.reward`: R(x, trajectory) in [0, 1];
+- `trajectory.metrics["correct"]`: 1.0 or 0.0, always set (a reward may decide it; else
+  reward >= 1), next to the reward's own metrics (format, turns, tool calls, ...);
+- `trajectory.metadata["feedback"]`: the reward's feedback text for this trajectory;
+- `trajectory.logs`: what happened on the way (tool errors, a turn cap), never the feedback;
+- `trajectory.messages_and_choices`: the whole episode; every sampled assistant turn is the
+  backend's `Choice` (token ids and logprobs kept for training), everything else plain dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import art
+
+
+def correct_from(reward: float, metrics: Mapping[str, Any]) -> bool:
+    """The one rule: the reward's own `correct` metric if it set one, else a full reward."""
+    value = metrics.get("correct")
+    return float(value) >= 1.0 if value is not None else reward >= 1.0
+
+
+class Outcome(BaseModel):
+    """What the reward said about one trajectory, read back from the trajectory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reward: float
+    correct: bool
+    feedback: str = ""
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+def attach_outcome(
+    trajectory: art.Trajectory,
+    *,
+    reward: float,
+    feedback: str,
+    metrics: Mapping[str, float],
+) -> art.Trajectory:
+    """Write a score into the trajectory's contract fields (in place; returned for chaining)."""
+    merged = {**trajectory.metrics, **{k: float(v) for k, v in metrics.items()}}
+    merged["correct"] = float(correct_from(reward, merged))
+    trajectory.reward = reward
+    trajectory.metrics = merged
+    trajectory.metadata = {**trajectory.metadata, "feedback": feedback}
+    return trajectory
+
+
+def is_correct(trajectory: art.Trajectory) -> bool:
+    return correct_from(trajectory.reward, trajectory.metrics)
+
+
+def feedback_of(trajectory: art.Trajectory) -> str:
+    value = trajectory.metadata.get("feedback")
+    return value if isinstance(value, str) else ""
+
+
+def outcome_of(trajectory: art.Trajectory) -> Outcome:
+    return Outcome(
+        reward=trajectory.reward,
+        correct=is_correct(trajectory),
+        feedback=feedback_of(trajectory),
+        metrics={k: float(v) for k, v in trajectory.metrics.items()},
+    )
+
+
+def as_message(item: Any) -> dict[str, Any]:
+    """A message dict for an item of `messages_and_choices`: a sampled `Choice` becomes the
+    assistant message it carried (content and tool calls), a dict is copied as it is."""
+    if isinstance(item, Mapping):
+        return dict(item)
+    message = item.message
+    out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if getattr(message, "tool_calls", None):
+        out["tool_calls"] = [call.model_dump(mode="json") for call in message.tool_calls]
+    return out
+
+
+def turns(trajectory: art.Trajectory) -> list[dict[str, Any]]:
+    """The whole episode as message dicts, in order (sampled turns included)."""
+    return [as_message(item) for item in trajectory.messages_and_choices]
+
+
+def is_sampled(item: Any) -> bool:
+    """True for a turn the policy sampled (a `Choice`), False for a given message."""
+    return not isinstance(item, Mapping)
+
+
+def completion_text(trajectory: art.Trajectory) -> str:
+    """The last sampled assistant turn's text ('' if it had none): what a single-turn reward
+    scores."""
+    sampled = [i for i in trajectory.messages_and_choices if is_sampled(i)]
+    return (sampled[-1].message.content or "") if sampled else ""

@@ -1,0 +1,83 @@
+"""What a sandboxed run is given (limits) and how one is started (a `Launch`)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+SETUP_FAILED = 125  # the launcher's exit code when it could not build the sandbox
+SandboxKind = Literal["root", "bwrap"]
+
+
+class SandboxLimits(BaseModel):
+    """Per-run limits; the defaults fit HumanEval-style unit tests with room to spare."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    timeout_s: float = Field(default=6.0, gt=0, le=600)
+    memory_mb: int = Field(default=1024, ge=64)
+    max_processes: int = Field(default=8, ge=1, le=256)
+    max_output_bytes: int = Field(default=256_000, ge=1024)
+    max_file_mb: int = Field(default=16, ge=1)
+    tmp_mb: int = Field(default=32, ge=1)
+
+    def rlimits(self) -> dict[str, int]:
+        return {
+            "RLIMIT_AS": self.memory_mb * 2**20,
+            "RLIMIT_CPU": math.ceil(self.timeout_s),
+            "RLIMIT_NPROC": self.max_processes,
+            "RLIMIT_FSIZE": self.max_file_mb * 2**20,
+            "RLIMIT_NOFILE": 256,
+            "RLIMIT_CORE": 0,
+        }
+
+
+class Launch(Protocol):
+    """One run of one kind of sandbox: the command line, the launcher's job fields, the
+    environment and descriptors the command starts with, and how to end it."""
+
+    argv: list[str]
+    job: dict[str, Any]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...]
+
+    def started(self) -> None:
+        """The command is running: drop the parent's copies of what it was handed."""
+
+    def kill(self, pid: int) -> None:
+        """Kill the whole tree started as `pid`."""
+
+    def gone(self) -> bool:
+        """Whether nothing of the run is left (asked once the command has exited)."""
+
+    def close(self) -> None: ...
+
+
+def interpreter() -> str:
+    """The real Python binary: the launcher runs with `-S`, so no virtualenv is needed."""
+    return os.path.realpath(sys.executable)
+
+
+def python_prefixes() -> list[str]:
+    """The Python install's directories outside /usr, outermost only (the sandbox binds them)."""
+    prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    found = sorted({os.path.realpath(p) for p in prefixes})
+    return [
+        p
+        for p in found
+        if not p.startswith("/usr/")
+        and not any(p != q and p.startswith(q.rstrip("/") + "/") for q in found)
+    ]
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,24 @@
+"""Small pure text helpers shared by every layer: stable hashes and one-line excerpts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def prompt_hash(system_prompt: str) -> str:
+    """A short stable id for a system prompt (records, traces and GEPA's cache key on it)."""
+    return hashlib.sha256(system_prompt.encode()).hexdigest()[:12]
+
+
+def fingerprint(*parts: Any) -> str:
+    """A stable 16-hex digest of JSON-able parts: a run refuses to resume under other settings."""
+    blob = json.dumps(list(parts), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def excerpt(text: str, limit: int = 160) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis (for log lines)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -1,0 +1,272 @@
+"""The docs say only what holds: their commands parse, the paths, tests and links they name
+exist, their Python examples import real names, every CLI key is documented, the README's layer
+diagram is the order `tests/test_layers.py` enforces, and the README fits on a screen and shows
+CI's own test command.
+
+No model is loaded and no run starts: `art_rlvr.run` commands go through the CLI's own config
+validation (`parse_args`) and scenario loading (`load_task`, which also checks `source.*` keys);
+other entry points are checked for a runnable module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from art_rlvr.config import SUBCONFIGS, RunConfig, parse_args
+from art_rlvr.scenario import load_task
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 250
+SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
+# top-level folders whose paths the docs may name; `runs/...` is a run's output, not the repo's
+REPO_DIRS = ("art_rlvr", "benchmarks", "docs", "notebooks", "scenarios", "tests", ".ci")
+REPO_PATH = re.compile(
+    rf"(?<![\w./-])((?:{'|'.join(re.escape(d) for d in REPO_DIRS)})/[\w./-]*\w)(?:::(\w+))?"
+)
+BARE_TEST_FILE = re.compile(r"(?<![\w/.-])(test_\w+\.py)(?:::(\w+))?")
+FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def blocks(text: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    """(first line, fence language, body) of each fenced block; (line, text) of all other lines."""
+    fenced: list[tuple[int, str, str]] = []
+    prose: list[tuple[int, str]] = []
+    open_at, lang, body = 0, "", []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = FENCE.match(line)
+        if open_at and match:
+            fenced.append((open_at, lang, "\n".join(body)))
+            open_at, body = 0, []
+        elif open_at:
+            body.append(line)
+        elif match:
+            open_at, lang = number + 1, match.group(2).lower()
+        else:
+            prose.append((number, line))
+    assert not open_at, f"a code fence opened at line {open_at - 1} is never closed"
+    return fenced, prose
+
+
+def simple_commands(shell: str) -> list[list[str]]:
+    """Words of each simple command in a shell snippet: continuations joined, comments dropped,
+    split at line ends, `&&`, `||`, `;`, `|` and parentheses."""
+    commands: list[list[str]] = [[]]
+    for line in shell.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        commands.append([])
+        for word in lexer:
+            if set(word) <= set("&|;()"):
+                commands.append([])
+            else:
+                commands[-1].append(word)
+    return [c for c in commands if c]
+
+
+def entry_point(words: list[str]) -> tuple[str, list[str]] | None:
+    """`... python -m art_rlvr.X args` -> (module, args); None for any other command."""
+    for i, word in enumerate(words[:-1]):
+        if word == "-m" and words[i + 1].startswith("art_rlvr"):
+            interpreter = Path(words[i - 1]).name if i else ""
+            assert interpreter in ("python", "python3"), f"run it with python -m: {words}"
+            return words[i + 1], words[i + 2 :]
+    return None
+
+
+def shell_snippets(doc: Path) -> list[tuple[int, str]]:
+    """(line, text) of every shell code block and of every inline code span that runs art_rlvr."""
+    fenced, prose = blocks(doc.read_text())
+    snippets = [(start, body) for start, lang, body in fenced if lang in SHELL_FENCES]
+    # a table cell or a sentence may show a command inline
+    snippets += [
+        (number, code)
+        for number, line in prose
+        for code in INLINE_CODE.findall(line)
+        if "-m art_rlvr" in code
+    ]
+    return snippets
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+    found = []
+    for doc in DOCS:
+        for line, snippet in shell_snippets(doc):
+            for words in simple_commands(snippet):
+                if (hit := entry_point(words)) is not None:
+                    where = f"{doc.relative_to(ROOT)}:{line}"
+                    found.append((where, *hit))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_hold_commands_to_check() -> None:
+    """A docs test that finds nothing to check would pass forever; it must not."""
+    modules = {module for _, module, _ in COMMANDS}
+    assert len(COMMANDS) >= 20, f"only {len(COMMANDS)} art_rlvr commands found in {DOCS}"
+    assert {"art_rlvr.run", "art_rlvr.report", "art_rlvr.compare"} <= modules, modules
+    assert any(where.startswith("README.md") for where, _, _ in COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("where", "module", "args"),
+    COMMANDS,
+    ids=[f"{w} {m.removeprefix('art_rlvr.')} {' '.join(a)}"[:120] for w, m, a in COMMANDS],
+)
+def test_documented_command_is_valid(where: str, module: str, args: list[str]) -> None:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None, f"{where}: no module {module}"
+    if spec.submodule_search_locations is not None:  # a package runs through its __main__
+        assert importlib.util.find_spec(f"{module}.__main__"), f"{where}: {module} has no __main__"
+    if module == "art_rlvr.run":
+        config = parse_args(args)  # raises ConfigError with the CLI's own message
+        load_task(config.scenario, seed=config.seed, overrides=config.source_overrides)
+
+
+@cache
+def functions_in(path: Path) -> frozenset[str]:
+    tree = ast.parse(path.read_text())
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return frozenset(node.name for node in ast.walk(tree) if isinstance(node, kinds))
+
+
+def named_paths(doc: Path) -> list[tuple[int, str, str | None]]:
+    """(line, repo-relative path, test name after `::`) for every path the doc names."""
+    found = []
+    for number, line in enumerate(doc.read_text().splitlines(), 1):
+        found += [(number, m[1], m[2]) for m in REPO_PATH.finditer(line)]
+        found += [(number, f"tests/{m[1]}", m[2]) for m in BARE_TEST_FILE.finditer(line)]
+    return found
+
+
+def links(doc: Path) -> list[tuple[int, str]]:
+    """(line, target) of every relative Markdown link outside code blocks."""
+    prose = blocks(doc.read_text())[1]
+    found = [(number, target) for number, text in prose for target in LINK.findall(text)]
+    return [(number, target) for number, target in found if not re.match(r"[a-z]+:", target)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its rendered text, lower case, punctuation dropped."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    _, prose = blocks(doc.read_text())
+    return {slug(line.lstrip("#")) for _, line in prose if line.startswith("#")}
+
+
+DOC_IDS = [str(d.relative_to(ROOT)) for d in DOCS]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=DOC_IDS)
+def test_named_paths_and_tests_exist(doc: Path) -> None:
+    missing = []
+    for line, name, test in named_paths(doc):
+        if "*" in name:
+            continue  # a glob over output files
+        path = ROOT / name
+        if not path.exists():
+            missing.append(f"line {line}: {name}")
+        elif test is not None and test not in functions_in(path):
+            missing.append(f"line {line}: {name}::{test} (no such test)")
+    assert not missing, f"{doc.relative_to(ROOT)} names what does not exist:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=DOC_IDS)
+def test_links_resolve(doc: Path) -> None:
+    broken = []
+    for line, target in links(doc):
+        file_part, _, anchor = target.partition("#")
+        linked = (doc.parent / file_part).resolve() if file_part else doc
+        if not linked.exists():
+            broken.append(f"line {line}: {target}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"line {line}: {target} (no such heading)")
+    assert not broken, f"{doc.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
+
+
+def test_readme_fits_on_a_screen() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+
+
+def test_readme_shows_the_command_ci_runs() -> None:
+    """CI runs the README's test command; the two must be the same bytes."""
+    ci = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
+    assert len(ci) == 1, ci
+    assert ci[0] in README.read_text().splitlines()
+
+
+def cli_keys() -> list[str]:
+    internal = {"source_overrides", *SUBCONFIGS}
+    keys = [k for k in RunConfig.model_fields if k not in internal]
+    keys += [k for model in SUBCONFIGS.values() for k in model.model_fields if k not in keys]
+    return keys
+
+
+def test_every_cli_key_is_in_the_cli_reference() -> None:
+    reference = (ROOT / "docs" / "cli.md").read_text()
+    missing = [key for key in cli_keys() if f"`{key}`" not in reference]
+    assert not missing, f"docs/cli.md does not document: {missing}"
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    return [
+        (f"{doc.relative_to(ROOT)}:{line}", body)
+        for doc in DOCS
+        for line, lang, body in blocks(doc.read_text())[0]
+        if lang == "python"
+    ]
+
+
+PYTHON_BLOCKS = python_blocks()
+
+
+@pytest.mark.parametrize(("where", "code"), PYTHON_BLOCKS, ids=[w for w, _ in PYTHON_BLOCKS])
+def test_python_example_compiles_and_imports_what_exists(where: str, code: str) -> None:
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(code, where, "exec", flags=flags)  # a notebook cell: top-level await is fine
+    imports = [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("art_rlvr")
+        for alias in node.names
+    ]
+    missing = [f"{m}.{n}" for m, n in imports if not hasattr(importlib.import_module(m), n)]
+    assert not missing, f"{where} imports names that do not exist: {missing}"
+
+
+def readme_layers() -> list[set[str]]:
+    """The README's layer diagram: `N name   module, module` lines of its Architecture block."""
+    architecture = README.read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    diagram = next(body for _, lang, body in blocks(architecture)[0] if lang == "text")
+    rows = [re.match(r"\s*(\d+)\s+\S.*?\s{2,}(\S.*)$", line) for line in diagram.splitlines()]
+    return [{m.strip() for m in row.group(2).split(",")} for row in rows if row]
+
+
+def test_readme_layer_diagram_is_the_enforced_order() -> None:
+    """`tests/test_layers.py` holds the order it enforces; the README must draw the same one."""
+    spec = importlib.util.spec_from_file_location("layer_test", ROOT / "tests" / "test_layers.py")
+    assert spec is not None and spec.loader is not None
+    layer_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layer_test)
+    enforced = [{m for m in members if not m.startswith("_")} for _, members in layer_test.LAYERS]
+    assert readme_layers() == enforced

@@ -1,0 +1,377 @@
+"""Export and serve a run's model: a real trained checkpoint, merged into a Hugging Face folder
+that transformers loads and whose greedy tokens equal TorchBackend's; the same checkpoint
+served by `python -m art_rlvr.serve` and queried with the OpenAI SDK; clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import art
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from art_rlvr import DEFAULT_BASE_MODEL, RunConfig, SamplingConfig, TorchBackend, gather_groups
+from art_rlvr.export import MANIFEST, ValEval, pick_step, val_evals
+from art_rlvr.export import main as export_main
+from art_rlvr.loops.context import RunContext, run_eval
+from art_rlvr.runfiles import RunFiles
+from art_rlvr.serve import main as serve_main
+
+MAX_TOKENS = 24
+CHATS = [
+    [{"role": "user", "content": "What is 17 + 25? Answer with just the number."}],
+    [
+        {"role": "system", "content": "Reply with one word."},
+        {"role": "user", "content": "Name a colour."},
+    ],
+    [{"role": "user", "content": "Write one sentence about rivers."}],
+    [{"role": "user", "content": "List three animals, separated by commas."}],
+]
+
+
+@dataclass
+class Trained:
+    run: Path
+    model: art.TrainableModel
+    served: list[list[int]]  # TorchBackend's greedy completion ids at step 1, per chat
+    base: list[list[int]]  # the base model's (no adapter), per chat
+    prompts: list[list[int]]  # the prompt ids TorchBackend rendered, per chat
+
+
+async def greedy(model: art.TrainableModel, name: str, chat: list[dict[str, str]]) -> Any:
+    client = model.openai_client()
+    return await client.chat.completions.create(
+        model=name,
+        messages=chat,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        extra_body={"return_token_ids": True},
+    )
+
+
+@pytest.fixture(scope="module")
+async def trained(tmp_path_factory: pytest.TempPathFactory, task) -> Trained:
+    """A run folder as `art_rlvr.run` leaves it: config, val evaluations at steps 0 and 1 (the
+    run's own `run_eval`), and checkpoints 0 and 1 from one real training step."""
+    run = tmp_path_factory.mktemp("export") / "run"
+    config = RunConfig(run_name="export-rl", run_dir=run, val_limit=3, max_tokens=MAX_TOKENS)
+    files = RunFiles(run)
+    files.write_json("config.json", config.public_dump())
+    backend = TorchBackend(path=files.art_path, seed=0)
+    model = art.TrainableModel(
+        name=config.name, project=config.project, run_name=config.name, base_model=config.base_model
+    )
+    try:
+        await model.register(backend)
+        ctx = RunContext(config, task, backend, model, files, time.monotonic())
+        await run_eval(ctx, 0)
+        groups = await gather_groups(
+            model, task.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=12), seed=1
+        )
+        for group in groups:  # rewards forced apart: every group carries signal
+            for index, trajectory in enumerate(group.trajectories):
+                trajectory.reward = float(index % 2)
+        result = await backend.train(model, groups, learning_rate=5e-3)
+        assert result.step == 1
+        await run_eval(ctx, 1)
+        served, base = [], []
+        for chat in CHATS:  # one at a time: each is a batch of one, like transformers' below
+            served.append(await greedy(model, f"{model.name}@1", chat))
+            base.append(await greedy(model, DEFAULT_BASE_MODEL, chat))
+    finally:
+        await backend.close()
+    return Trained(
+        run=run,
+        model=model,
+        served=[r.choices[0].model_extra["token_ids"] for r in served],
+        base=[r.choices[0].model_extra["token_ids"] for r in base],
+        prompts=[r.model_extra["prompt_token_ids"] for r in served],
+    )
+
+
+def run_module(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def tree(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+async def test_export_round_trip_is_exact(trained: Trained, tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    before = tree(trained.run)
+    proc = run_module("art_rlvr.export", str(trained.run), "--out", str(out), "--step", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"step 1 (as asked) to {out}" in proc.stdout
+    assert tree(trained.run) == before  # the run is only read
+    names = {p.name for p in out.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        MANIFEST,
+    } <= names
+    assert not [n for n in names if n.startswith("adapter") or n.endswith((".py", ".pt", ".bin"))]
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "float32" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "auto_map" not in config  # no custom code: vLLM and transformers load it as is
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["step"] == 1 and manifest["dtype"] == "float32" and manifest["lora"]["r"] == 16
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.dtype == torch.float32
+    exported = []
+    for chat, prompt in zip(CHATS, trained.prompts, strict=True):
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)
+        assert ids["input_ids"] == prompt  # the same chat template, the same prompt tokens
+        with torch.no_grad():
+            tokens = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_TOKENS
+            )
+        exported.append(tokens[0, len(prompt) :].tolist())
+    assert exported == trained.served  # exact: every token of every greedy completion
+    assert exported != trained.base  # and the merged adapter is in there (not the base weights)
+
+
+async def test_default_step_is_the_best_val_one_and_force_replaces(
+    trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = [
+        json.loads(line) for line in (trained.run / "metrics.jsonl").read_text().splitlines()
+    ]
+    accuracy = {r["step"]: r["accuracy"] for r in records if r.get("event") == "eval"}
+    assert sorted(accuracy) == [0, 1]
+    best = max(accuracy, key=lambda s: (accuracy[s], s))
+    out = tmp_path / "best"
+    assert export_main([str(trained.run), "--out", str(out), "--dtype", "bfloat16"]) == 0
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["step"] == best and manifest["val_accuracy"] == accuracy[best]
+    assert manifest["chosen_as"] == "the best of 2 val evaluation(s)"
+    assert manifest["system_prompt"]  # the arith prompt the evaluation was scored with
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert export_main([str(trained.run), "--out", str(out), "--step", "0"]) == 2
+    assert "not empty; pass --force" in capsys.readouterr().err
+    assert json.loads((out / MANIFEST).read_text())["step"] == best  # nothing was touched
+    assert export_main([str(trained.run), "--out", str(out), "--step", "0", "--force"]) == 0
+    assert json.loads((out / MANIFEST).read_text())["step"] == 0
+    assert [p.name for p in out.parent.iterdir()] == ["best"]  # no temporary folder left
+
+
+def _config(folder: Path, **values: Any) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"mode": "rl", **values}))
+    return folder
+
+
+def _tinker_run(folder: Path) -> Path:
+    _config(folder, backend="tinker", run_name="m", project="p")
+    step = folder / ".art" / "p" / "models" / "m" / "checkpoints" / "0003"
+    step.mkdir(parents=True)
+    (step / "info.yaml").write_text("sampler_weights_path: tinker://run/3\n")
+    return folder
+
+
+ERRORS = [
+    ("absent", lambda tmp, run: [str(tmp / "nope")], "is not a run folder (no such folder)"),
+    ("no config", lambda tmp, run: [str(tmp)], "is not a run folder (no config.json in it)"),
+    (
+        "no checkpoints",
+        lambda tmp, run: [str(_config(tmp / "r", backend="serverless"))],
+        "has no checkpoints (backend=serverless keeps its checkpoints on W&B)",
+    ),
+    (
+        "weights elsewhere",
+        lambda tmp, run: [str(_tinker_run(tmp / "r"))],
+        "backend=tinker keeps its weights on Tinker's service",
+    ),
+    (
+        "unknown step",
+        lambda tmp, run: [str(run), "--step", "7"],
+        "has no checkpoint for step 7; steps on disk: 0, 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "message"), ERRORS, ids=[e[0] for e in ERRORS])
+@pytest.mark.parametrize("command", ["export", "serve"])
+def test_bad_runs_are_one_line_errors(
+    trained: Trained,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    case: str,
+    args: Any,
+    message: str,
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = args(work, trained.run)
+    out = tmp_path / "out"
+    if command == "export":
+        status = export_main([*argv, "--out", str(out)])
+    else:
+        status = serve_main([*argv, "--port", "0"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("out_kind", "message"),
+    [("file", "is a file; --out takes a folder"), ("not empty", "is not empty; pass --force")],
+)
+def test_bad_out_dirs_are_refused_before_any_work(
+    trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str], out_kind, message
+) -> None:
+    out = tmp_path / "out"
+    if out_kind == "file":
+        out.write_text("x")
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    assert export_main([str(trained.run), "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert out.is_file() or (out / "keep.txt").read_text() == "mine"
+
+
+def test_force_never_replaces_the_run_itself(
+    trained: Trained, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert export_main([str(trained.run), "--out", str(trained.run.parent), "--force"]) == 2
+    assert "holds the run itself" in capsys.readouterr().err
+    assert (trained.run / "config.json").is_file()
+
+
+EVALS = [
+    ValEval(step=0, accuracy=0.4),
+    ValEval(step=2, accuracy=0.6),
+    ValEval(step=4, accuracy=0.6),
+]
+
+
+@pytest.mark.parametrize(
+    ("evals", "steps", "requested", "step", "why"),
+    [
+        (EVALS, [0, 1, 2, 3, 4], None, 4, "the best of 3 val"),  # a tie: the later step
+        (EVALS, [0, 1, 2, 3], None, 2, "the best of 2 val"),  # step 4 was deleted
+        (EVALS, [0, 1, 2, 3, 4], 1, 1, "as asked"),
+        ([], [0, 3], None, 3, "the latest step"),  # e.g. a GEPA run: no val evaluation records
+        (EVALS, [1, 3], None, 3, "the latest step"),  # evaluated steps all deleted
+    ],
+)
+def test_pick_step(evals, steps, requested, step, why) -> None:
+    chosen, reason = pick_step(evals, steps, requested)
+    assert chosen == step and why in reason
+
+
+def test_expert_iteration_evals_map_rounds_to_model_steps(tmp_path: Path) -> None:
+    metrics = [
+        {"event": "eval", "split": "val", "step": 0, "accuracy": 0.3},
+        {"event": "eval", "split": "val", "step": 2, "accuracy": 0.5},  # round 2
+        {"event": "eval", "split": "test", "step": 2, "accuracy": 0.9},
+        {"event": "train", "step": 5},
+    ]
+    state = {"eval_steps": {"0": 0, "2": 6}}
+    assert [(e.step, e.accuracy) for e in val_evals(tmp_path, "ei", metrics, state)] == [
+        (0, 0.3),
+        (6, 0.5),
+    ]
+    assert [e.step for e in val_evals(tmp_path, "rl", metrics, None)] == [0, 2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> list[str]:
+    """stdout lines up to and including the first that holds `marker`."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+            if marker in line:
+                return lines
+    raise AssertionError(f"no {marker!r} from serve within {timeout}s: {lines}")
+
+
+def test_serve_answers_the_openai_sdk_and_stops_on_ctrl_c(trained: Trained) -> None:
+    port = free_port()
+    before = tree(trained.run)
+    env = {**os.environ, "ART_RLVR_SERVE_KEY": "test-key"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "art_rlvr.serve",
+            str(trained.run),
+            "--step",
+            "1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = read_until(proc, "Ctrl-C", timeout=300)
+        text = "\n".join(lines)
+        base_url = f"http://127.0.0.1:{port}/v1"
+        assert f"base URL  {base_url}" in text and "from $ART_RLVR_SERVE_KEY" in text
+        assert "test-key" not in text  # a key from the environment is never echoed
+        client = openai.OpenAI(base_url=base_url, api_key="test-key", max_retries=0)
+        assert "export-rl@1" in [m.id for m in client.models.list().data]
+        for name, chat, expected in [
+            ("export-rl", CHATS[0], trained.served[0]),
+            ("export-rl@1", CHATS[2], trained.served[2]),
+        ]:
+            reply = client.chat.completions.create(
+                model=name,
+                messages=chat,
+                temperature=0,
+                max_tokens=MAX_TOKENS,
+                extra_body={"return_token_ids": True},
+            )
+            assert reply.choices[0].model_extra["token_ids"] == expected
+            assert reply.choices[0].message.content
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert stdout.strip().endswith("stopped")
+    assert "Traceback" not in stderr
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
+        pass
+    assert tree(trained.run) == before  # the run folder is only read
