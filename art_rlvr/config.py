@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import re
 import warnings
 from pathlib import Path
@@ -54,52 +53,125 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
-    scenario: str = "arith"
-    mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"] = "rl"
-    seed: int = 0
-    run_name: str | None = None
-    run_dir: Path | None = None
-    resume: bool = True
-    base_model: str = DEFAULT_BASE_MODEL
-    backend: BackendName = "torch"  # torch | local | serverless | tinker
-    project: str = "art-rlvr"
-    system_prompt: str | None = None
+    scenario: str = Field(
+        default="arith", description="a built-in scenario name or a path to a scenario .toml"
+    )
+    mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"] = Field(
+        default="rl", description="eval, rl, gepa, ei, gepa_rl or gepa_rl_ei (see the mode table)"
+    )
+    seed: int = Field(
+        default=0, description="seeds the scenario order, sampling, LoRA init and every RNG"
+    )
+    run_name: str | None = Field(
+        default=None, description="the run's folder name; default <scenario>-<mode>-s<seed>"
+    )
+    run_dir: Path | None = Field(
+        default=None, description="where the run lives; default runs/<run_name>"
+    )
+    resume: bool = Field(
+        default=True,
+        description="continue a run found in run_dir; false refuses to touch an existing run",
+    )
+    base_model: str = Field(
+        default=DEFAULT_BASE_MODEL,
+        description="the embedded model, a local Hugging Face folder, or a reachable hub id",
+    )
+    backend: BackendName = Field(
+        default="torch",
+        description="torch, local, serverless or tinker (what is missing is a one-line error)",
+    )
+    project: str = Field(default="art-rlvr", description="ART's project name for the model")
+    system_prompt: str | None = Field(
+        default=None, description="the system prompt s; default the scenario's"
+    )
     source_overrides: dict[str, Any] = Field(default_factory=dict)
 
     # sampling
-    max_tokens: int = Field(default=32, ge=1, le=4096)
-    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    eval_temperature: float = Field(default=0.0, ge=0.0, le=5.0)
-    val_limit: int | None = Field(default=None, ge=1)
-    eval_test: bool = True
+    max_tokens: int = Field(default=32, ge=1, le=4096, description="completion tokens per rollout")
+    temperature: float = Field(
+        default=1.0, ge=0.0, le=5.0, description="rollout sampling temperature in training"
+    )
+    top_p: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="rollout nucleus sampling in training"
+    )
+    eval_temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=5.0,
+        description="evaluation sampling temperature (greedy by default)",
+    )
+    val_limit: int | None = Field(
+        default=None, ge=1, description="evaluate on the first N val scenarios; default all"
+    )
+    eval_test: bool = Field(default=True, description="evaluate on the test split at the end")
 
     # RL (tinker-cookbook math_rl style knobs)
-    groups_per_batch: int = Field(default=6, ge=1)
-    group_size: int = Field(default=6, ge=2)
-    n_batches: int = Field(default=24, ge=0)
-    learning_rate: float = Field(default=2e-4, gt=0.0)
-    lora_rank: int = Field(default=16, ge=1, le=512)
-    loss_fn: Literal["cispo", "ppo"] = "cispo"
-    kl_penalty_coef: float = Field(default=0.0, ge=0.0)
-    scale_rewards: bool = True
-    eval_every: int = Field(default=8, ge=1)
-    max_exceptions: float = Field(default=0.1, ge=0.0)
+    groups_per_batch: int = Field(default=6, ge=1, description="scenarios per RL step")
+    group_size: int = Field(
+        default=6,
+        ge=2,
+        description="rollouts per scenario (RL group; handed to GEPA and EI when given)",
+    )
+    n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
+    learning_rate: float = Field(
+        default=2e-4, gt=0.0, allow_inf_nan=False, description="the optimiser's learning rate"
+    )
+    lora_rank: int = Field(
+        default=16,
+        ge=1,
+        le=512,
+        description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
+    )
+    loss_fn: Literal["cispo", "ppo"] = Field(default="cispo", description="cispo or ppo")
+    kl_penalty_coef: float = Field(
+        default=0.0, ge=0.0, description="KL penalty against the base model"
+    )
+    scale_rewards: bool = Field(
+        default=True, description="divide group advantages by their standard deviation"
+    )
+    eval_every: int = Field(
+        default=8, ge=1, description="validation every N steps (step 0 and the last always)"
+    )
+    max_exceptions: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="tolerated fraction of failed rollout groups per step (ART's semantics)",
+    )
 
     # watching the run: early stop on a val plateau, the reward-hacking alarm, Weave tracing
-    patience: int | None = Field(default=None, ge=1)  # None: never stop early
-    min_delta: float = Field(default=0.0, ge=0.0)
-    alarm_reward_rise: float = Field(default=0.05, ge=0.0)
-    alarm_val_drop: float = Field(default=0.05, ge=0.0)
-    weave_project: str | None = None  # "entity/project"; None: no tracing
+    patience: int | None = Field(
+        default=None,
+        ge=1,
+        description="mode=rl: stop after N evaluations without a val improvement; default never",
+    )
+    min_delta: float = Field(
+        default=0.0, ge=0.0, description="the improvement that counts for patience"
+    )
+    alarm_reward_rise: float = Field(
+        default=0.05, ge=0.0, description="reward-hacking alarm: train reward up by this much ..."
+    )
+    alarm_val_drop: float = Field(
+        default=0.05, ge=0.0, description="... while val accuracy falls by this much"
+    )
+    weave_project: str | None = Field(
+        default=None,
+        description="entity/project (or project): trace the run with W&B Weave; default off",
+    )
 
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING or ERROR"
+    )
 
     # GEPA + RL block coordinate ascent (mode=gepa_rl; gepa_rl_ei adds expert-iteration rounds)
-    rounds: int = Field(default=3, ge=1)
-    rl_batches_per_round: int = Field(default=8, ge=0)
-    skip_first_gepa: bool = False
-    enable_expert_iteration: bool = False
+    rounds: int = Field(
+        default=3, ge=1, description="rounds of the GEPA + RL schedule (handed to EI when given)"
+    )
+    rl_batches_per_round: int = Field(default=8, ge=0, description="RL steps per schedule round")
+    skip_first_gepa: bool = Field(default=False, description="start the schedule with RL")
+    enable_expert_iteration: bool = Field(
+        default=False,
+        description="an EI round after each RL phase (gepa_rl -> gepa_rl_ei; rl -> RL + EI)",
+    )
 
     # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
@@ -110,13 +182,6 @@ class RunConfig(BaseModel):
     @classmethod
     def _old_names(cls, data: Any) -> Any:
         return renamed(data, RUN_RENAMED, "RunConfig")
-
-    @field_validator("learning_rate")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
 
     @field_validator("weave_project")
     @classmethod

@@ -42,6 +42,11 @@ class ExportError(RuntimeError):
     """A run or an output folder that cannot be used; one line, exit status 2."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception as one line (library errors can run to pages)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 class ValEval(BaseModel):
     """One recorded val evaluation: the model step it scored and the prompt it used."""
 
@@ -222,6 +227,9 @@ def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
         checkpoint = checkpoint.model_copy(
             update={"base_model": checkpoint.adapter_config().get("base_model_name_or_path", "")}
         )
+    base = checkpoint.base_model
+    if base.startswith(("/", ".", "~")) and not Path(base).expanduser().exists():
+        raise ExportError(f"the run's base model folder {base} is gone (moved or deleted?)")
     return checkpoint
 
 
@@ -292,8 +300,9 @@ def merged_model(checkpoint: Checkpoint) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(path)
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ExportError(f"cannot load base model {checkpoint.base_model!r}: {first}") from None
+        raise ExportError(
+            f"cannot load base model {checkpoint.base_model!r}: {first_line(error)}"
+        ) from None
     peft = PeftModel.from_pretrained(base, str(checkpoint.folder), is_trainable=False)
     return peft.merge_and_unload(), tokenizer
 

@@ -39,6 +39,7 @@ class EvalEvent(_Timed):
     format: float = 0.0
     tokens_per_completion: float = 0.0
     errors: int = 0
+    first_error: str | None = None
     tag: str = ""
 
 
@@ -146,6 +147,11 @@ Event = Annotated[
 EVENT = TypeAdapter(Event)
 
 
+class RolloutsFailed(RuntimeError):
+    """Every rollout of an evaluation (or a step) raised: an error with its cause, never an
+    accuracy of 0.0. The CLI exits 1 with it and summary.json records it as `failed`."""
+
+
 class RecordError(ValueError):
     """A metrics line that parses as JSON but is no known event."""
 
@@ -201,3 +207,4 @@ class RunSummary(BaseModel):
     best_prompt: str | None = None
     seed_prompt: str | None = None
     examples_distilled: int | None = None
+    failed: str | None = None  # why the run stopped, when it failed (e.g. every rollout errored)

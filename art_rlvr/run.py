@@ -19,7 +19,7 @@ from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.records import RunSummary
+from art_rlvr.records import RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task, load_task
 from art_rlvr.sources import ScenarioFileError
@@ -93,7 +93,7 @@ async def run_mode(ctx: RunContext) -> dict[str, Any]:
 async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
     import art
 
-    from art_rlvr.loops.context import RunContext, peak_rss_mb
+    from art_rlvr.loops.context import RunContext
 
     setup_logging(cfg, files)
     seed_everything(cfg.seed)
@@ -125,12 +125,31 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
         await model.register(backend)
         ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
         result = await run_mode(ctx)
+    except RolloutsFailed as error:
+        # a result that is really an error is the worst output: say why, in the log and in
+        # summary.json, and exit non-zero (main); never an accuracy of 0.0
+        log.error("run failed: %s", error)
+        write_summary(files, cfg, task, {"failed": str(error)}, started, prior)
+        raise
     finally:
         await backend.close()
         if tracing:
             finish_weave()
-    # a re-run of the same run adds its time to the earlier sessions' (a summary is written at
-    # the end of each session that finished)
+    return write_summary(files, cfg, task, result, started, prior)
+
+
+def write_summary(
+    files: RunFiles,
+    cfg: RunConfig,
+    task: Task,
+    result: dict[str, Any],
+    started: float,
+    prior: dict[str, Any],
+) -> RunSummary:
+    """summary.json: the mode's result, the run's identity and clocks. A re-run of the same run
+    adds its time to the earlier sessions' (each session that ended writes a summary)."""
+    from art_rlvr.loops.context import peak_rss_mb
+
     wall = time.monotonic() - started + float(prior.get("wall_seconds", 0.0))
     summary = RunSummary.model_validate(
         {
@@ -196,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ScenarioFileError, StateFileError, BackendUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RolloutsFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; re-run the same command to resume", file=sys.stderr)
         return 130

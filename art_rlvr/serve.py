@@ -25,7 +25,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from art_rlvr.backend import checkpoints as ckpt
 from art_rlvr.backend.server import new_api_key
-from art_rlvr.export import Checkpoint, ExportError, find_checkpoint
+from art_rlvr.export import Checkpoint, ExportError, find_checkpoint, first_line
 
 if TYPE_CHECKING:
     from art_rlvr.backend.torch_backend import TorchBackend
@@ -127,19 +127,27 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    key_from_env = bool(os.environ.get(KEY_ENV))
     key = os.environ.get(KEY_ENV) or new_api_key()
     base_url = f"http://{HOST}:{sock.getsockname()[1]}/v1"
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops cleanly
     try:
         with tempfile.TemporaryDirectory(prefix="art-rlvr-serve-") as tmp:
             stage(checkpoint, Path(tmp))
-            backend = asyncio.run(load(checkpoint, Path(tmp)))
+            try:
+                backend = asyncio.run(load(checkpoint, Path(tmp)))
+            except (OSError, ValueError) as error:  # the base model or adapter would not load
+                print(
+                    f"error: cannot load base model {checkpoint.base_model!r}: {first_line(error)}",
+                    file=sys.stderr,
+                )
+                return 2
             server = uvicorn.Server(
                 uvicorn.Config(
                     serving_app(backend, key), log_level="warning", access_log=False, lifespan="off"
                 )
             )
-            print("\n".join(banner(checkpoint, base_url, key, KEY_ENV in os.environ)), flush=True)
+            print("\n".join(banner(checkpoint, base_url, key, key_from_env)), flush=True)
             try:
                 server.run(sockets=[sock])  # returns on Ctrl-C after a graceful shutdown
             finally:

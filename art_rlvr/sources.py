@@ -160,15 +160,7 @@ def jsonl_records(source: JsonlSource, base_dir: Path, seed: int) -> Records:
             out[split].append(record)
         return out
     sizes = source.splits or SplitSizes(train=len(records), val=0, test=0)
-    shuffled = records[:]
-    random.Random(f"jsonl:{seed}").shuffle(shuffled)
-    val_end = min(sizes.val, len(shuffled))
-    test_end = min(val_end + sizes.test, len(shuffled))
-    return {
-        "val": shuffled[:val_end],
-        "test": shuffled[val_end:test_end],
-        "train": shuffled[test_end : test_end + sizes.train],
-    }
+    return deal(records, sizes, "jsonl", seed)
 
 
 SourceLoader = Callable[[Any, Path, int], Records]

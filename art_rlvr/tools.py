@@ -305,7 +305,11 @@ async def call_tool(tools: Mapping[str, Tool], call: Any) -> ToolCallResult:
     found = tools.get(name)
     if found is None:
         available = ", ".join(tools) or "none"
-        what = f"unknown tool {name!r}" if function else f"unsupported tool call type {call!r}"
+        what = (
+            f"unknown tool {name!r}"
+            if function
+            else f"unsupported tool call ({type(call).__name__})"
+        )
         content = f"Error: {what}; available tools: {available}"
         return ToolCallResult(**base, status="unknown_tool", content=content, error=content)
     try:

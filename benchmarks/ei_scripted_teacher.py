@@ -73,15 +73,17 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         for h in buffer.hints:
             if h.hint and leaks(h.hint, by_id[h.scenario_id].x["answer"]):
                 accepted_hints_leaking += 1
-    with_hint_text = sum(
-        any(text in json.dumps([list(e.messages), e.completion]) for text in hint_texts)
-        for e in examples
-    )
-    from art_rlvr.ei.hints import echoes_hint
+    from art_rlvr.ei.relabel import hint_leaks, relabel
+    from art_rlvr.outcome import turns
 
+    # what SFT trains on, every turn of it
+    trained = [(e, relabel(e)) for e in examples]
+    with_hint_text = sum(
+        any(text in json.dumps(turns(t)) for text in hint_texts) for _, t in trained
+    )
     echoing = sum(
-        e.source == "hinted" and any(echoes_hint(e.completion, h) for h in hint_texts)
-        for e in examples
+        e.source == "hinted" and any(hint_leaks(t, h, len(e.messages)) for h in hint_texts)
+        for e, t in trained
     )
     not_clean = sum(list(e.messages) != by_id[e.scenario_id].messages(None) for e in examples)
     prompt_leaks = sum(
@@ -124,7 +126,7 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         "distilled_examples": len(examples),
         "distilled_from_hints": sum(e.source == "hinted" for e in examples),
         "distilled_with_hint_text": with_hint_text,
-        "distilled_hinted_completions_quoting_a_hint": echoing,
+        "distilled_hinted_episodes_quoting_a_hint": echoing,
         "distilled_with_non_clean_prompt": not_clean,
         "distilled_prompts_leaking_answer": prompt_leaks,
         "accepted_hints_leaking_answer": accepted_hints_leaking,

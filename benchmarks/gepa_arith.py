@@ -49,7 +49,7 @@ async def main(mode: str, run_dir: Path, budget: int) -> None:
         "max_metric_calls": budget,
         "pareto_size": 16,
         "traces_per_iteration": 6,
-        "rollouts_per_problem": 2,
+        "group_size": 2,
         "temperature": 0.7,
         "max_tokens": 32,
         "report_val_limit": 50,
@@ -61,13 +61,15 @@ async def main(mode: str, run_dir: Path, budget: int) -> None:
         if mode == "scripted":
             os.environ.setdefault("MEASURE_SCRIPTED_KEY", "sk-local")
             config = GEPAConfig(
-                reflection_model="openai/scripted",
-                reflection_api_base=server.base_url,
-                reflection_api_key_env="MEASURE_SCRIPTED_KEY",
+                reflection={
+                    "model": "openai/scripted",
+                    "api_base": server.base_url,
+                    "api_key_env": "MEASURE_SCRIPTED_KEY",
+                },
                 **common,
             )
         else:
-            config = GEPAConfig(reflection_max_tokens=256, max_iterations=4, **common)
+            config = GEPAConfig(reflection={"max_tokens": 256}, max_iterations=4, **common)
         result = await optimize_prompt(
             model, load_task("arith", seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
         )

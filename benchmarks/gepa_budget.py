@@ -33,7 +33,7 @@ PROPOSALS = [
     "Output the result of the arithmetic and nothing else.",
     "Write a short poem about the question, then answer.",
 ]
-# (max_metric_calls, pareto_size, traces_per_iteration, rollouts_per_problem, use_merge)
+# (max_metric_calls, pareto_size, traces_per_iteration, group_size, use_merge)
 MATRIX = [
     (48, 4, 2, 2, False),
     (64, 4, 3, 2, True),
@@ -69,9 +69,12 @@ async def main(matrix: list[tuple[int, int, int, int, bool]]) -> None:
                 turn = replies[n % len(replies) :] + replies[: n % len(replies)]  # rotate
                 with ScriptedServer(turn * 4) as server:
                     config = GEPAConfig(
-                        reflection_model="openai/scripted", reflection_api_base=server.base_url,
-                        reflection_api_key_env="BENCH_SCRIPTED_KEY", max_metric_calls=budget,
-                        pareto_size=pareto, traces_per_iteration=m, rollouts_per_problem=k,
+                        reflection={
+                            "model": "openai/scripted", "api_base": server.base_url,
+                            "api_key_env": "BENCH_SCRIPTED_KEY",
+                        },
+                        max_metric_calls=budget,
+                        pareto_size=pareto, traces_per_iteration=m, group_size=k,
                         use_merge=merge, max_tokens=8, temperature=0.7, report_val_limit=0,
                         seed=n,
                     )  # fmt: skip

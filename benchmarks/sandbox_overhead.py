@@ -8,7 +8,10 @@ A check is one HumanEval-style scoring: a short program and one test unit, throu
 with the same flags on the same program through the same asyncio plumbing. Rounds interleave
 the three, so machine load hits them alike; each line is the median over rounds of (a) one check
 at a time, in ms, and (b) checks per second with the reward's default concurrency. As root all
-three run; as another user the root row says why not (run it as both to compare).
+three run; as another user the root row says why not (run it as both to compare). The tools'
+own cost: "bubblewrap, bare program" wraps the bare program in the unprivileged sandbox's bwrap
+command, and with `uv run --with sandlock==0.9.0 ...` "sandlock, bare program" runs it under
+sandlock (Landlock + seccomp, the alternative measured and not picked).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
 from art_rlvr.rewards.code import CodeReward
-from art_rlvr.rewards.sandbox import sandbox_problem
+from art_rlvr.rewards.sandbox import SandboxLimits, bwrap, sandbox_problem
 
 TASK = {
     "prompt": "def f(xs):\n",
@@ -35,22 +39,61 @@ PROGRAM = TASK["prompt"] + BODY + "assert f([3, 1, 2]) == [1, 2, 3]\n"
 Check = Callable[[], Awaitable[None]]
 
 
-async def bare_check() -> None:
+BARE = [os.path.realpath(sys.executable), "-S", "-s", "-P", "-c", PROGRAM]
+
+
+async def run(argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
     proc = await asyncio.create_subprocess_exec(
-        os.path.realpath(sys.executable),
-        "-S",
-        "-s",
-        "-P",
-        "-c",
-        PROGRAM,
+        *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={"PYTHONHASHSEED": "0"},
         cwd="/",
         start_new_session=True,
+        pass_fds=pass_fds,
     )
-    await proc.communicate()
-    assert proc.returncode == 0
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, err
+
+
+async def bare_check() -> None:
+    await run(BARE)
+
+
+async def bwrap_bare_check() -> None:
+    """bubblewrap's own cost: its namespaces and mounts around the bare program."""
+    launch = bwrap.launch(SandboxLimits())
+    try:
+        argv = launch.argv
+        await run([*argv[: argv.index("--") + 1], *BARE], launch.pass_fds)
+    finally:
+        launch.close()
+
+
+def sandlock_check() -> Check | None:
+    """The same bare program under sandlock (Landlock + seccomp; the alternative we measured
+    and did not pick), when it is installed: `uv run --with sandlock==0.9.0 ...`."""
+    try:
+        import sandlock
+    except ImportError:
+        return None
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    readable = [p for p in ("/usr", "/bin", "/lib", "/lib64", "/dev") if os.path.exists(p)]
+    work = tempfile.mkdtemp(prefix="sandlock-")
+
+    async def check() -> None:
+        box = sandlock.Sandbox(
+            fs_readable=[*readable, *prefixes],
+            fs_writable=[work],
+            max_memory="1024M",
+            max_processes=8,
+            clean_env=True,
+            cwd=work,
+        )
+        result = await asyncio.to_thread(box.run, BARE, timeout=6)
+        assert result.success, result
+
+    return check
 
 
 def reward_check(reward: CodeReward) -> Check:
@@ -92,6 +135,10 @@ async def main(rounds: int, checks: int) -> None:
             subjects[label] = reward_check(CodeReward(sandbox=kind))
         else:
             skipped[label] = problem
+    if "bubblewrap (unprivileged)" in subjects:
+        subjects["bubblewrap, bare program"] = bwrap_bare_check
+    if (check := sandlock_check()) is not None:
+        subjects["sandlock, bare program"] = check
     for check in subjects.values():  # warm up: imports, caches, page cache
         await sequential_ms(check, 3)
     latency: dict[str, list[float]] = {name: [] for name in subjects}

@@ -313,10 +313,9 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     clean = list(clean_messages(scenario, system))
 
     def env(turn: Turn, _: art.Trajectory) -> EnvStep:
-        return EnvStep(
-            messages=({"role": "user", "content": f"Check step {turn.index + 1} again."},),
-            done=turn.index == 2,
-        )
+        if turn.index == 2:
+            return EnvStep(done=True)
+        return EnvStep(messages=({"role": "user", "content": f"Check step {turn.index} again."},))
 
     hinted = await run_episode(
         model,

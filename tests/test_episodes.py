@@ -769,7 +769,6 @@ async def test_episode_on_torch_backend_with_the_embedded_model(model) -> None:
     assert answer["tool_call_id"] == call.id
     args = json.loads(call.function.arguments)
     assert answer["content"] == str(args["a"] * args["b"])  # the call validated and ran
-    assert t.metrics["tool_errors"] == 0 or t.metrics["tool_calls"] > 1
     for c in choices:
         assert c.model_extra["token_ids"] and c.model_extra["prompt_token_ids"]
         assert len(c.logprobs.content) == len(c.model_extra["token_ids"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,7 +67,7 @@ async def trained(tmp_path_factory: pytest.TempPathFactory, task) -> Trained:
     """A run folder as `art_rlvr.run` leaves it: config, val evaluations at steps 0 and 1 (the
     run's own `run_eval`), and checkpoints 0 and 1 from one real training step."""
     run = tmp_path_factory.mktemp("export") / "run"
-    config = RunConfig(run_name="export-rl", run_dir=run, val_limit=3, max_tokens=MAX_TOKENS)
+    config = RunConfig(run_name="export-rl", run_dir=run, val_limit=2, max_tokens=16)
     files = RunFiles(run)
     files.write_json("config.json", config.public_dump())
     backend = TorchBackend(path=files.art_path, seed=0)
@@ -189,6 +190,15 @@ def _tinker_run(folder: Path) -> Path:
     return folder
 
 
+def _moved_base(folder: Path, run: Path) -> Path:
+    """A copy of the run whose base model folder is gone."""
+    shutil.copytree(run, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["base_model"] = str(folder.parent / "deleted-model")
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 ERRORS = [
     ("absent", lambda tmp, run: [str(tmp / "nope")], "is not a run folder (no such folder)"),
     ("no config", lambda tmp, run: [str(tmp)], "is not a run folder (no config.json in it)"),
@@ -201,6 +211,11 @@ ERRORS = [
         "weights elsewhere",
         lambda tmp, run: [str(_tinker_run(tmp / "r"))],
         "backend=tinker keeps its weights on Tinker's service",
+    ),
+    (
+        "base model gone",
+        lambda tmp, run: [str(_moved_base(tmp / "r", run))],
+        "deleted-model is gone (moved or deleted?)",
     ),
     (
         "unknown step",
@@ -274,8 +289,14 @@ EVALS = [
         (EVALS, [0, 1, 2, 3, 4], None, 4, "the best of 3 val"),  # a tie: the later step
         (EVALS, [0, 1, 2, 3], None, 2, "the best of 2 val"),  # step 4 was deleted
         (EVALS, [0, 1, 2, 3, 4], 1, 1, "as asked"),
-        ([], [0, 3], None, 3, "the latest step"),  # e.g. a GEPA run: no val evaluation records
-        (EVALS, [1, 3], None, 3, "the latest step"),  # evaluated steps all deleted
+        (
+            [],
+            [0, 3],
+            None,
+            3,
+            "the latest; no val evaluation",
+        ),  # e.g. a GEPA run: no val evaluation records
+        (EVALS, [1, 3], None, 3, "the latest; no val evaluation"),  # evaluated steps all deleted
     ],
 )
 def test_pick_step(evals, steps, requested, step, why) -> None:

@@ -16,9 +16,11 @@ import openai
 import pytest
 
 from art_rlvr.config import parse_args
+from art_rlvr.evaluate import evaluate
 from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.outcome import feedback_of
+from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
 from art_rlvr.run import run_mode
 from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
@@ -208,3 +210,37 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     assert await model.get_step() == 1 and again["steps"] == first["steps"] == 1
     assert again["rollouts"] == first["rollouts"] == 4
     assert json.loads((tmp_path / "state.json").read_text())["pending"] is None
+
+
+# ---- an evaluation in which every rollout errored --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "failed"),
+    [
+        ([], True),  # every request answered 400: all rollouts error
+        ([Step.reply("{answer}")], False),  # one answers, the rest error: a rate, not a failure
+    ],
+)
+async def test_an_evaluation_where_every_rollout_errored_fails_with_its_cause(
+    task, steps: list[Step], failed: bool
+) -> None:
+    """An evaluation is an error with the first rollout's cause when every rollout errored,
+    never accuracy 0.0; when only some errored, their rate and first cause come with the
+    accuracy."""
+    scenarios = task.splits["val"][:3]
+    script = [
+        Step.reply(str(scenarios[0].x["answer"])) if s.text == "{answer}" else s for s in steps
+    ]
+    with ScriptedServer(script, default=Step.error(400, text="no chat template")) as server:
+        policy = art.Model(
+            name="scripted-policy", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        if failed:
+            with pytest.raises(RolloutsFailed, match=r"all 3 val rollouts failed.*BadRequestError"):
+                await evaluate(policy, scenarios)
+            return
+        report = await evaluate(policy, scenarios)
+    assert report.errors == 2 and report.first_error and "BadRequestError" in report.first_error
+    assert "2 errored (67%" in report.line()

@@ -19,7 +19,7 @@ import art
 import pytest
 from gepa.core.adapter import EvaluationBatch
 
-from art_rlvr.episodes import EpisodeScore, run_episode
+from art_rlvr.episodes import run_episode
 from art_rlvr.gepa import (
     ARTPromptAdapter,
     BudgetExceeded,
@@ -46,6 +46,7 @@ from art_rlvr.gepa.proposal import (
 )
 from art_rlvr.gepa.records import HistoryEvent, RejectionKind, RolloutTrace
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
+from art_rlvr.outcome import attach_outcome
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.scenario import batch_scenarios
 from art_rlvr.testing import ScriptedServer, Step
@@ -69,19 +70,25 @@ def fenced(prompt: str, intro: str = "Here is the improved instruction:") -> Ste
     return Step.reply(f"{intro}\n```\n{prompt}\n```\nIt should help.")
 
 
-def gepa_config(server: ScriptedServer, **overrides: Any) -> GEPAConfig:
+def gepa_config(
+    server: ScriptedServer, role: dict[str, Any] | None = None, **overrides: Any
+) -> GEPAConfig:
+    """A small GEPA run reflecting through the scripted server (`role`: reflection settings)."""
+    reflection = {
+        "model": "openai/scripted",
+        "api_base": server.base_url,
+        "api_key_env": "SCRIPTED_GEPA_KEY",
+        "timeout_s": 5.0,
+        "max_retries": 2,
+        "backoff_s": 0.01,
+        "backoff_max_s": 0.05,
+    }
     values: dict[str, Any] = {
-        "reflection_model": "openai/scripted",
-        "reflection_api_base": server.base_url,
-        "reflection_api_key_env": "SCRIPTED_GEPA_KEY",
-        "reflection_timeout_s": 5.0,
-        "reflection_max_retries": 2,
-        "reflection_backoff_s": 0.01,
-        "reflection_backoff_max_s": 0.05,
+        "reflection": reflection | (role or {}),
         "max_metric_calls": 60,
         "pareto_size": 3,
         "traces_per_iteration": 2,
-        "rollouts_per_problem": 2,
+        "group_size": 2,
         "max_tokens": 16,
         "report_val_limit": 0,
     }
@@ -242,13 +249,9 @@ async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
             inference_api_key="k",
             inference_model_name="scripted",
         )
-        trajectory = await run_episode(
-            policy,
-            messages,
-            tools=[add],
-            score=lambda t: EpisodeScore(reward=0.0, feedback="the sum is 5"),
-            metadata={"scenario_id": "sum"},
-        )
+        episode = await run_episode(policy, messages, tools=[add], metadata={"scenario_id": "sum"})
+    # what a rollout ends in (the trajectory contract), as a reward would score this episode
+    trajectory = attach_outcome(episode, reward=0.0, feedback="the sum is 5", metrics={})
     ev = scenario_eval(art.TrajectoryGroup([trajectory]), SEED)
     (rollout,) = ev.rollouts
     assert (ev.scenario_id, ev.inputs, ev.prompt_hash) == ("sum", "2 + 3?", prompt_hash(SEED))
@@ -304,8 +307,8 @@ def test_pareto_selection_frontier_and_eviction() -> None:
 
 
 def test_config_rejects_inconsistent_settings() -> None:
-    with pytest.raises(ValueError, match="reflection_api_base needs reflection_model"):
-        GEPAConfig(reflection_api_base="http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="api_base needs model"):
+        GEPAConfig(reflection={"api_base": "http://127.0.0.1:1/v1"})
     with pytest.raises(ValueError, match="over max_prompt_chars"):
         GEPAConfig(seed_prompt="x" * 40, max_prompt_chars=20)
 
@@ -320,7 +323,7 @@ async def test_adapter_counts_every_rollout_and_refuses_over_budget(model, task,
         model,
         store,
         sampling=SamplingConfig(max_tokens=6),
-        rollouts_per_problem=2,
+        group_size=2,
         seed=3,
         loop=asyncio.get_running_loop(),
     )
@@ -353,7 +356,7 @@ async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, task) 
         model,
         store,
         sampling=SamplingConfig(max_tokens=8),
-        rollouts_per_problem=1,
+        group_size=1,
         seed=1,
         loop=asyncio.get_running_loop(),
     )
@@ -424,7 +427,7 @@ async def gauntlet(model, task, tmp_path_factory):
         with ScriptedServer(steps) as server:
             cfg = gepa_config(
                 server,
-                reflection_timeout_s=0.5,
+                role={"timeout_s": 0.5},
                 max_tokens=8,
                 max_iterations=3,
                 min_improvement_threshold=1.0,
@@ -547,7 +550,7 @@ async def test_better_prompt_is_found_accepted_and_beats_the_seed_on_val(
             server,
             pareto_size=10,
             traces_per_iteration=3,
-            rollouts_per_problem=1,
+            group_size=1,
             temperature=0.0,
             max_iterations=1,
             report_val_limit=20,
@@ -566,7 +569,7 @@ async def test_better_prompt_is_found_accepted_and_beats_the_seed_on_val(
 
 
 BUDGET_MATRIX = [
-    # (max_metric_calls, pareto_size, traces_per_iteration, rollouts_per_problem, use_merge)
+    # (max_metric_calls, pareto_size, traces_per_iteration, group_size, use_merge)
     (6, 3, 2, 2, False),
     (13, 3, 2, 2, False),
     (20, 3, 2, 2, False),
@@ -585,7 +588,7 @@ async def test_budget_is_never_exceeded(model, task, tmp_path) -> None:
                 max_metric_calls=budget,
                 pareto_size=pareto,
                 traces_per_iteration=m,
-                rollouts_per_problem=k,
+                group_size=k,
                 use_merge=merge,
                 max_tokens=4,
                 seed=n,
@@ -612,9 +615,9 @@ async def test_embedded_model_reflects_on_itself(model, task, tmp_path, caplog) 
         max_iterations=2,
         pareto_size=2,
         traces_per_iteration=2,
-        rollouts_per_problem=2,
+        group_size=2,
         max_tokens=8,
-        reflection_max_tokens=64,
+        reflection={"max_tokens": 64},
         report_val_limit=0,
     )
     result = await optimize_prompt(model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path)

@@ -20,7 +20,7 @@ from art_rlvr.rewards.code import (
     sandbox_unavailable_reason,
     split_tests,
 )
-from art_rlvr.rewards.sandbox import LAUNCHER, sandbox_problem, sandbox_processes
+from art_rlvr.rewards.sandbox import LAUNCHER, choose_sandbox, sandbox_problem, sandbox_processes
 
 pytestmark = pytest.mark.skipif(
     sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason())
@@ -110,6 +110,22 @@ async def test_code_reward_table(completion: str, reward: float, feedback: str) 
     assert feedback in score.feedback
 
 
+@pytest.mark.parametrize("kind", ["root", "bwrap"])
+async def test_each_sandbox_that_runs_here_scores_alike(kind: str) -> None:
+    """As root both run (bubblewrap is then the fallback for a root without namespaces)."""
+    if (problem := sandbox_problem(kind)) is not None:
+        pytest.skip(problem)
+    reward = CodeReward(sandbox=kind)
+    assert (await reward(ADD, "    return a + b\n")).feedback == "all 3 tests passed"
+    wrong = await reward(ADD, "    return a + b if a > 0 else 99\n")
+    assert wrong.reward == 0.0 and wrong.feedback.startswith("wrong answer: test 2 of 3")
+
+
+def test_auto_picks_root_when_root() -> None:
+    expected = "root" if sandbox_problem("root") is None else "bwrap"
+    assert choose_sandbox() == expected
+
+
 async def test_partial_credit_counts_passed_tests() -> None:
     partial = CodeReward(partial_credit=True)
     score = await partial(ADD, "    return a + b if a > 0 else 99\n")
@@ -182,6 +198,16 @@ def hostile_cases(home: Path, outside: Path, port: int) -> dict[str, tuple[str, 
             "",  # a MemoryError, a crash or the timeout: any is fine as long as it is contained
         ),
         "huge output": ("    while True:\n        print('x' * 10000)\n", {}, "output limit"),
+        "fill the temp dir": (
+            "    for i in range(64):\n        open(f'/tmp/work/{i}', 'wb').write(bytes(2**20))\n    return 1\n",
+            {"tmp_mb": 4},
+            "No space left on device",
+        ),
+        "one huge file": (
+            "    open('/tmp/work/big', 'wb').write(bytes(32 * 2**20))\n    return 1\n",
+            {"max_file_mb": 16},
+            "File too large",
+        ),
         "write to home": (
             f"    open({str(home)!r}, 'w').write('pwned')\n    return 1\n",
             {},
@@ -220,6 +246,8 @@ HOSTILE = [
     "deep recursion",
     "unbounded recursion limit",
     "huge output",
+    "fill the temp dir",
+    "one huge file",
     "write to home",
     "write outside the temp dir",
     "write to /var/tmp",

@@ -180,3 +180,54 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
             summary["metric_calls_used"],
         )
     assert results["killed"] == results["reference"]
+
+
+def test_schedule_ei_phase_keeps_mode_ei_records_and_counts_teacher_errors(tmp_path: Path) -> None:
+    """RL + EI rounds through the schedule: the EI phase leaves the same files as `mode=ei`
+    (trajectories, the round buffer, hints.jsonl), and a teacher that always fails shows as
+    errors in the end-of-run summary (it used to print "0 error(s)": the schedule wrote
+    `ei_teacher_errors`, the summary read `teacher_errors`)."""
+    run_dir = tmp_path / "rl-ei"
+    with ScriptedServer([], default=Step.error(500)) as server:
+        argv = [
+            "scenario=arith",
+            "mode=rl",
+            "enable_expert_iteration=true",
+            "rounds=1",
+            "rl_batches_per_round=1",
+            "groups_per_batch=2",
+            "group_size=2",
+            "scenarios_per_round=2",
+            "max_tokens=8",
+            "val_limit=2",
+            "eval_test=false",
+            "source.ops=[\"*\"]",  # three-digit products: the student fails, so hints are asked for
+            "source.min_value=100",
+            "source.max_value=999",
+            "enable_teacher_hints=true",
+            "teacher.model=openai/scripted",
+            f"teacher.api_base={server.base_url}",
+            "teacher.api_key_env=SCHEDULE_KEY",
+            "teacher.max_retries=0",
+            "hint_reliance=false",
+            f"run_dir={run_dir}",
+        ]
+        env = {**os.environ, "SCHEDULE_KEY": KEY}
+        done = subprocess.run(
+            [sys.executable, "-m", "art_rlvr.run", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["teacher_errors"] >= 1 and "ei_teacher_errors" not in summary
+    teacher_line = next(line for line in done.stdout.splitlines() if line.startswith("teacher"))
+    assert f"{summary['teacher_errors']} error(s)" in teacher_line
+    assert (run_dir / "trajectories" / "train_0000_ei.jsonl").is_file()
+    assert (run_dir / "ei" / "round_0000.json").is_file()
+    hints = (run_dir / "ei" / "hints.jsonl").read_text().splitlines()
+    assert hints and all(json.loads(line)["round"] == 0 for line in hints)
+    rounds = [e for e in events(run_dir) if e["event"] == "ei_round"]
+    assert [r["round"] for r in rounds] == [0]

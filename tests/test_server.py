@@ -113,8 +113,9 @@ async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(mode
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"messages": MESSAGES, "stream": True}, 400, "streaming is not supported"),
-        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tool calling"),
+        ({"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools.0.function"),
+        ({"messages": MESSAGES, "stream": True, "max_tokens": 100_000}, 400, "context length"),
+        ({"messages": MESSAGES, "stream": True, "model": "nope@0"}, 404, "not served here"),
         ({"messages": []}, 400, "messages"),
         ({"messages": MESSAGES, "n": 0}, 400, "n"),
         ({"messages": MESSAGES, "temperature": -1}, 400, "temperature"),

@@ -373,7 +373,11 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call
         ('<tool_call>{"name": "add", "arguments": {"a": 1}}', None, ["add"]),  # unclosed last
         ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
         ('<tool_call>{"name": "add"', '<tool_call>{"name": "add"', []),
-        ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+        (
+            '<tool_call>{"arguments": {}}</tool_call>',
+            '<tool_call>{"arguments": {}}</tool_call>',
+            [],
+        ),
         ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', None, None),
         ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', None, None),
         ('<tool_call>["add"]</tool_call>', '<tool_call>["add"]</tool_call>', []),
@@ -398,7 +402,9 @@ def test_parse_keeps_the_models_argument_text() -> None:
     """Arguments in the canonical block keep their exact text (re-rendering reproduces the
     sampled call); other shapes are re-serialised as vLLM's hermes parser does."""
     raw = '{"a":1,  "b": 2}'
-    _, (call,) = parse_tool_calls(f'<tool_call>\n{{"name": "add", "arguments": {raw}}}\n</tool_call>')
+    _, (call,) = parse_tool_calls(
+        f'<tool_call>\n{{"name": "add", "arguments": {raw}}}\n</tool_call>'
+    )
     assert call["function"]["arguments"] == raw
     _, (call,) = parse_tool_calls('<tool_call>{"arguments": {"a":1}, "name": "add"}</tool_call>')
     assert call["function"]["arguments"] == '{"a": 1}'

@@ -75,6 +75,24 @@ async def test_rl_step_changes_weights_served_output_and_checkpoints(
     assert sorted(p.name for p in folder.iterdir()) == ["0001"]
 
 
+async def test_save_checkpoint_false_still_advances_and_serves(
+    backend, make_model, task, art_path: Path
+) -> None:
+    """ART's semantics: the step advances and its weights are served either way; without
+    `save_checkpoint` only the optimizer state is not written."""
+    model = await make_model("nosave")
+    before = adapter_params(backend, model)
+    result = await backend.train(
+        model, await contrast_groups(model, task, 1), learning_rate=5e-3, save_checkpoint=False
+    )
+    assert result.step == 1 and await model.get_step() == 1
+    assert model.get_inference_name() == f"{model.name}@1"
+    after = adapter_params(backend, model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    step = art_path / "tests" / "models" / model.run_name / "checkpoints" / "0001"
+    assert (step / "adapter_model.safetensors").is_file() and not (step / "optimizer.pt").exists()
+
+
 async def test_all_equal_groups_are_skipped_and_reported(backend, make_model, task) -> None:
     model = await make_model("skip")
     groups = await gather_groups(

@@ -3,6 +3,7 @@ real TorchBackend server with the OpenAI SDK, checked against ART's own tokenize
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import art
@@ -72,7 +73,7 @@ def completion_tokens(trajectory: art.Trajectory) -> int:
 
 @pytest.fixture(scope="module")
 async def games(model) -> art.TrajectoryGroup:
-    return art.TrajectoryGroup([await game(model, seed) for seed in range(3)])
+    return art.TrajectoryGroup(await asyncio.gather(*(game(model, seed) for seed in range(3))))
 
 
 async def test_every_sampled_turn_is_trained_on_its_exact_tokens(backend, games) -> None:
@@ -82,13 +83,12 @@ async def test_every_sampled_turn_is_trained_on_its_exact_tokens(backend, games)
     trained = sum(s.trained_count for s in samples)
     assert trained == sum(completion_tokens(t) for t in games)  # ratio 1.0
     assert stats.turns == 3 * len(MOVES) and stats.trained_trajectories == 3
-    for trajectory in games:  # each turn's ids appear, trained, where they were sampled
-        choices = trajectory.messages_and_choices[2::2]
-        ours = [s for s in samples if s.prompt_ids == choices[0].model_extra["prompt_token_ids"]]
-        spans = [trained_spans(s) for s in ours]
-        assert [ids for row in spans for ids in row] == [
-            c.model_extra["token_ids"] for c in choices
-        ]
+    spans = [span for s in samples for span in trained_spans(s)]  # in trajectory order
+    assert spans == [
+        c.model_extra["token_ids"] for t in games for c in t.messages_and_choices[2::2]
+    ]
+    before = sum(len(s.completion_ids) for s in last_choice_samples([games], tok))
+    assert before < trained / 2  # the last-choice trainer left the earlier turns out
 
 
 def trained_spans(sample: T.Sample) -> list[list[int]]:
@@ -179,7 +179,9 @@ async def test_multi_turn_train_step_reports_turns_and_matches_served_logprobs(
     backend, make_model
 ) -> None:
     model = await make_model("multi")
-    group = art.TrajectoryGroup([await game(model, seed, MOVES[:2]) for seed in (1, 2)])
+    group = art.TrajectoryGroup(
+        await asyncio.gather(*(game(model, seed, MOVES[:2]) for seed in (1, 2)))
+    )
     result = await backend.train(model, [group], learning_rate=1e-4)
     m = result.metrics
     assert m["tokens"] == sum(completion_tokens(t) for t in group)
@@ -187,21 +189,27 @@ async def test_multi_turn_train_step_reports_turns_and_matches_served_logprobs(
     assert abs(m["ratio_mean"] - 1) < 0.05  # every trained position lines up with its sample
 
 
-async def test_tools_on_a_trajectory_are_rendered_where_ids_are_missing(backend) -> None:
+async def test_tools_on_a_trajectory_reach_the_trained_prompt(backend, model) -> None:
+    """Sampled with tools, the served prompt ids (which train) hold the schemas; without ids,
+    `Trajectory.tools` is rendered the same way."""
     tok = tokenizer_of(backend)
     messages = [SYSTEM, {"role": "user", "content": "Weather in Oslo?"}]
+    served = await sample(model, messages, 1, tools=TOOLS)
     unsampled = Choice(
         index=0,
         finish_reason="stop",
         message=ChatCompletionMessage(role="assistant", content="Cloudy."),
     )
-    trajectory = art.Trajectory(messages_and_choices=[*messages, unsampled], tools=TOOLS)
-    other = trajectory.model_copy(update={"reward": 1.0})
-    samples, _ = T.samples_from_groups(
-        [art.TrajectoryGroup([trajectory, other])], tok, scale_rewards=False
+    group = art.TrajectoryGroup(
+        [
+            art.Trajectory(messages_and_choices=[*messages, choice], tools=TOOLS, reward=reward)
+            for choice, reward in ((served, 1.0), (unsampled, 0.0))
+        ]
     )
-    assert samples[0].prompt_ids == render_ids(tok, messages, TOOLS)
-    assert "lookup_weather" in tok.decode(samples[0].prompt_ids)
+    samples, _ = T.samples_from_groups([group], tok, scale_rewards=False)
+    rendered = render_ids(tok, messages, TOOLS)
+    assert samples[0].prompt_ids == served.model_extra["prompt_token_ids"] == rendered
+    assert samples[1].prompt_ids == rendered and "lookup_weather" in tok.decode(rendered)
 
 
 @pytest.mark.parametrize("turns", ["all", "last"])

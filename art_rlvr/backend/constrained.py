@@ -7,7 +7,7 @@ schema, 43 forced tokens): mask computation 12 us a token against 470 us for llg
 outlines-core's regex automata, which compile per schema); it runs on CPU, is vLLM's default
 structured-output backend, and ships structural tags for exactly the Hermes tool-call format
 we render (`<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`), so a constrained
-reply parses with the same parser and re-renders token for token in training.
+reply parses with the same parser and re-renders to the same text in training.
 
 A request's constraint travels as a structural tag in JSON text (hashable, so it fits the
 frozen `SamplingParams`); the engine compiles it once per distinct tag (xgrammar caches) and
@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 import xgrammar as xgr
-from xgrammar.structural_tag import (
-    JSONSchemaFormat,
-    StructuralTag,
-    TagFormat,
-    TagsWithSeparatorFormat,
-)
+from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
 from art_rlvr.backend.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
-MAX_JSON_WHITESPACE = 1  # a 135M model under a flexible-whitespace grammar can pad forever
+# Arguments and JSON replies in json.dumps' layout, no free whitespace: the layout the model
+# has seen most, the one a re-rendered call has, and a 135M model under a flexible-whitespace
+# grammar otherwise pads (`{ "city" : "Paris" }`, seen) or loops on newlines.
+JSON_SEPARATORS = (", ", ": ")
 
 
 def tool_call_grammar(tools: list[dict[str, Any]], *, parallel: bool) -> str:
@@ -61,8 +60,20 @@ def _call_tag(function: dict[str, Any]) -> TagFormat:
     )
 
 
-def _json(schema: dict[str, Any] | bool) -> JSONSchemaFormat:
-    return JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=MAX_JSON_WHITESPACE)
+def _json(schema: dict[str, Any] | bool) -> GrammarFormat:
+    """JSON matching `schema` in one fixed layout (no free whitespace)."""
+    return GrammarFormat(grammar=_json_ebnf(json.dumps(schema)))
+
+
+@lru_cache(maxsize=256)
+def _json_ebnf(schema: str) -> str:
+    try:
+        grammar = xgr.Grammar.from_json_schema(
+            schema, any_whitespace=False, separators=JSON_SEPARATORS
+        )
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise ValueError(f"cannot build a grammar for this JSON schema: {error}") from error
+    return str(grammar)
 
 
 class Grammars:

@@ -378,7 +378,8 @@ async def _sse(
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
-    holdback = max((len(s) for s in req.sampling(1).stop), default=1) - 1
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    holdback = max((len(s) for s in stops), default=1) - 1
     streams = [_ChoiceStream(req.parses_tool_calls, holdback) for _ in range(req.n)]
     opening = [
         {"index": i, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}

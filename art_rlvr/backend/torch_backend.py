@@ -185,7 +185,8 @@ class TorchBackend:
     ) -> None:
         trainee = self._trainee(model)
         moments = A.optimizer_step(trainee.model_dir, trainee.step)
-        keep = {*steps_to_keep, trainee.step, *trainee.leases, *([moments] if moments else [])}
+        optimizer = [] if moments is None else [moments]  # what a resume would load
+        keep = {*steps_to_keep, trainee.step, *trainee.leases, *optimizer}
         removed = await asyncio.to_thread(ckpt.delete_steps, trainee.model_dir, keep)
         log.info("deleted checkpoints %s of %s", removed, model.name)
 

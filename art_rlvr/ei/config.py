@@ -6,10 +6,9 @@ import pydantic and `art_rlvr.llm` (which imports litellm lazily) but nothing he
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.llm import LLMRole, flat_role_aliases, renamed
 
@@ -28,47 +27,68 @@ class EIConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # schedule
-    rounds: int = Field(default=8, ge=0)
-    scenarios_per_round: int = Field(default=16, ge=1)
-    group_size: int = Field(default=6, ge=1)  # clean attempts per scenario
-    keep_per_x: int = Field(default=1, ge=1)
-    eval_every_rounds: int = Field(default=2, ge=1)
+    rounds: int = Field(default=8, ge=0, description="expert-iteration rounds (mode=ei)")
+    scenarios_per_round: int = Field(default=16, ge=1, description="train scenarios per round")
+    group_size: int = Field(default=6, ge=1, description="clean attempts per scenario")
+    keep_per_x: int = Field(
+        default=1, ge=1, description="correct attempts kept per solved scenario"
+    )
+    eval_every_rounds: int = Field(
+        default=2,
+        ge=1,
+        description="greedy val evaluations every N rounds (round 0 and the last always)",
+    )
 
     # distillation: "sft" (model.train_sft, assistant tokens only) or "rl" (backend.train on
     # groups of relabelled successes next to failed clean attempts; off-policy, see README)
-    distill: Literal["sft", "rl"] = "sft"
-    sft_learning_rate: float = Field(default=1e-3, gt=0.0)
-    sft_batch_size: int = Field(default=8, ge=1)
-    sft_epochs: int = Field(default=2, ge=1, le=20)
+    distill: Literal["sft", "rl"] = Field(
+        default="sft", description="sft (model.train_sft) or rl (backend.train, off-policy)"
+    )
+    sft_learning_rate: float = Field(
+        default=1e-3, gt=0.0, allow_inf_nan=False, description="SFT learning rate"
+    )
+    sft_batch_size: int = Field(default=8, ge=1, description="SFT batch size")
+    sft_epochs: int = Field(default=2, ge=1, le=20, description="SFT epochs per round")
 
     # sampling (handed down from the run's keys on the command line)
-    seed: int = 0
-    max_tokens: int = Field(default=32, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = Field(default=0, description="seeds the round's scenarios and sampling")
+    max_tokens: int = Field(default=32, ge=1, description="completion tokens per attempt")
+    temperature: float = Field(
+        default=1.0, ge=0.0, le=5.0, description="attempt sampling temperature"
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="attempt nucleus sampling")
 
     # teacher hints
-    enable_teacher_hints: bool = False
+    enable_teacher_hints: bool = Field(
+        default=False, description="hint the scenarios the student cannot solve"
+    )
     # the teacher LM (model unset: the embedded model itself, through its own endpoint)
     teacher: LLMRole = Field(
         default_factory=lambda: LLMRole(**TEACHER_DEFAULTS),
         description="the teacher LM: teacher.model=..., etc.",
     )
-    teacher_concurrency: int = Field(default=4, ge=1, le=64)
-    max_hint_chars: int = Field(default=300, ge=16)
-    max_hint_attempts: int = Field(default=3, ge=1, le=10)
-    hinted_samples_per_x: int | None = Field(default=None, ge=1)  # None: group_size
-    answer_field: str = "answer"  # the record field holding the gold answer (teacher + leak check)
-    solution_field: str | None = "solution"  # a reference solution, shown to the teacher if present
-    hint_reliance: bool = True  # score log p(y | hinted) - log p(y | clean) where the backend can
-    log_excerpts: int = Field(default=2, ge=0)
-
-    @field_validator("sft_learning_rate")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
+    teacher_concurrency: int = Field(default=4, ge=1, le=64, description="teacher calls in flight")
+    max_hint_chars: int = Field(default=300, ge=16, description="hints are cut at a word boundary")
+    max_hint_attempts: int = Field(
+        default=3, ge=1, le=10, description="teacher replies asked for before a scenario is dropped"
+    )
+    hinted_samples_per_x: int | None = Field(
+        default=None, ge=1, description="hinted attempts per hinted scenario; default group_size"
+    )
+    answer_field: str = Field(
+        default="answer",
+        description="the record field with the gold answer (teacher and leak check only)",
+    )
+    solution_field: str | None = Field(
+        default="solution",
+        description="a reference solution shown to the teacher, if the record has it",
+    )
+    hint_reliance: bool = Field(
+        default=True, description="score log p(y | hinted) - log p(y | clean) (TorchBackend only)"
+    )
+    log_excerpts: int = Field(
+        default=2, ge=0, description="hints and relabelled examples shown in run.log per round"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -78,6 +78,8 @@ async def hinted_group(
     sampling: SamplingConfig,
     seed: int,
 ) -> art.TrajectoryGroup:
+    """`n` seeded rollouts that open with `messages` (the hinted prompt); an episode scenario's
+    rollout takes the same opening, so the hint stays in the opening of its episodes."""
     configs = [
         sampling.model_copy(update={"seed": rollout_seed(seed, scenario.id, i)}) for i in range(n)
     ]
@@ -98,12 +100,12 @@ async def sample_attempts(
     sampling: SamplingConfig,
     max_exceptions: int | float,
 ) -> list[art.TrajectoryGroup]:
-    """`expert_samples_per_x` clean attempts per scenario (a failed group is dropped and
+    """`group_size` clean attempts per scenario (a failed group is dropped and
     counted, up to `max_exceptions`, as in ART)."""
     return await gather_groups(
         model,
         scenarios,
-        config.expert_samples_per_x,
+        config.group_size,
         system_prompt=system_prompt,
         sampling=sampling,
         seed=rollout_seed(config.seed, "ei", round_index),

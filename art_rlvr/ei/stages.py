@@ -9,6 +9,7 @@ and RL groups of them; `round_stats` counts what happened.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,13 +43,8 @@ def reference_solution(scenario: Scenario, field: str | None) -> str | None:
 
 def most_common_failure(trajectories: Sequence[art.Trajectory]) -> str | None:
     """The failed attempt the teacher is shown: the most frequent wrong reply (first on ties)."""
-    wrong = [completion_text(t).strip() for t in trajectories if not is_correct(t)]
-    if not wrong:
-        return None
-    counts: dict[str, int] = {}
-    for text in wrong:
-        counts[text] = counts.get(text, 0) + 1
-    return max(counts, key=lambda k: counts[k])
+    wrong = Counter(completion_text(t).strip() for t in trajectories if not is_correct(t))
+    return wrong.most_common(1)[0][0] if wrong else None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A GEPAAdapter over ART: a candidate is a system prompt, evaluating it runs rollouts.
 
-Each scenario of a batch becomes an ART `TrajectoryGroup` of `rollouts_per_problem` rollouts
+Each scenario of a batch becomes an ART `TrajectoryGroup` of `group_size` rollouts
 (`gather_groups`), seeded per (seed, scenario, sample) so every prompt meets the same random
 numbers: a difference in score is the prompt's, and a (prompt, scenario) result can be reused.
 The scenario's score is the group's mean reward.
@@ -89,7 +89,7 @@ class ARTPromptAdapter:
         store: EvalStore,
         *,
         sampling: SamplingConfig,
-        rollouts_per_problem: int,
+        group_size: int,
         seed: int,
         max_reflection_examples: int = 8,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -97,7 +97,7 @@ class ARTPromptAdapter:
         self.model = model
         self.store = store
         self.sampling = sampling
-        self.rollouts_per_problem = rollouts_per_problem
+        self.group_size = group_size
         self.seed = seed
         self.max_reflection_examples = max_reflection_examples
         self.loop = loop
@@ -106,11 +106,11 @@ class ARTPromptAdapter:
         """One ScenarioEval per scenario; only the ones never run for this prompt cost calls."""
         todo = self.store.missing(prompt, scenarios)
         if todo:
-            self.store.reserve(len(todo) * self.rollouts_per_problem)
+            self.store.reserve(len(todo) * self.group_size)
             groups = await gather_groups(
                 self.model,
                 todo,
-                self.rollouts_per_problem,
+                self.group_size,
                 system_prompt=prompt,
                 sampling=self.sampling,
                 seed=self.seed,

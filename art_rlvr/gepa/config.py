@@ -26,40 +26,88 @@ class GEPAConfig(BaseModel):
     )
 
     # budget and stopping
-    max_metric_calls: int = Field(default=400, ge=1)
-    max_iterations: int | None = Field(default=None, ge=0)
-    max_reflection_attempts: int = Field(default=3, ge=1, le=10)
-    max_consecutive_errors: int = Field(default=5, ge=1)
-    max_perfect_streak: int = Field(default=3, ge=1)
+    max_metric_calls: int = Field(
+        default=400,
+        ge=1,
+        description="the budget: one metric call is one scored rollout; never exceeded",
+    )
+    max_iterations: int | None = Field(
+        default=None, ge=0, description="stop after N iterations; default none"
+    )
+    max_reflection_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="replies asked for per iteration when a proposal breaks a rule",
+    )
+    max_consecutive_errors: int = Field(
+        default=5, ge=1, description="stop after N reflection errors in a row"
+    )
+    max_perfect_streak: int = Field(
+        default=3,
+        ge=1,
+        description="stop after N minibatches in a row on which the parent is already perfect",
+    )
 
     # data and rollouts
-    traces_per_iteration: int = Field(default=4, ge=1)
-    group_size: int = Field(default=2, ge=1)  # rollouts per scenario and prompt
-    pareto_size: int = Field(default=8, ge=1)
-    max_tokens: int = Field(default=32, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    traces_per_iteration: int = Field(
+        default=4, ge=1, description="scenarios in the reflection minibatch"
+    )
+    group_size: int = Field(
+        default=2, ge=1, description="rollouts per scenario and prompt (one trajectory group)"
+    )
+    pareto_size: int = Field(
+        default=8, ge=1, description="Pareto-set scenarios (a seeded slice of train)"
+    )
+    max_tokens: int = Field(default=32, ge=1, description="completion tokens per rollout")
+    temperature: float = Field(
+        default=1.0, ge=0.0, le=5.0, description="rollout sampling temperature"
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="rollout nucleus sampling")
 
     # search
-    pool_size: int = Field(default=8, ge=2)
+    pool_size: int = Field(default=8, ge=2, description="frontier / candidate pool cap")
     # accept a child only if its minibatch mean beats the parent's by more than this (a
     # negative value also admits slightly worse children: exploration)
-    min_improvement_threshold: float = Field(default=0.0, ge=-1.0, le=1.0)
-    seed_prompt: str | None = None
-    use_merge: bool = False
-    max_merge_attempts: int = Field(default=3, ge=0)
-    seed: int = 0
-    max_prompt_chars: int = Field(default=2000, ge=16)
-    max_reflection_examples: int = Field(default=8, ge=1)
-    max_shown_rejections: int = Field(default=5, ge=0)
+    min_improvement_threshold: float = Field(
+        default=0.0,
+        ge=-1.0,
+        le=1.0,
+        description="accept a child only if its minibatch mean beats its parent's by more",
+    )
+    seed_prompt: str | None = Field(
+        default=None,
+        description="where the search starts; default system_prompt, else the scenario's",
+    )
+    use_merge: bool = Field(default=False, description="GEPA's merge of two frontier prompts")
+    max_merge_attempts: int = Field(default=3, ge=0, description="merges tried per run")
+    seed: int = Field(default=0, description="seeds the minibatches and parent selection")
+    max_prompt_chars: int = Field(default=2000, ge=16, description="longer proposals are refused")
+    max_reflection_examples: int = Field(
+        default=8, ge=1, description="traces shown to the reflection LM per iteration"
+    )
+    max_shown_rejections: int = Field(
+        default=5, ge=0, description="earlier rejected proposals shown, so they are not repeated"
+    )
 
     # leak check: the record field that holds the gold answer (read only by the leak check)
-    leak_check: bool = True
-    answer_field: str = "answer"
+    leak_check: bool = Field(
+        default=True, description="refuse a proposal that contains a shown example's gold answer"
+    )
+    answer_field: str = Field(
+        default="answer",
+        description="the record field with the gold answer (read only by the leak check)",
+    )
 
     # final report (greedy, outside the budget)
-    report_val_limit: int | None = Field(default=50, ge=0)  # 0: no report, None: whole split
-    report_max_tokens: int | None = Field(default=None, ge=1)
+    report_val_limit: int | None = Field(
+        default=50,
+        ge=0,
+        description="val scenarios in the final seed-vs-best report (not budgeted; 0: none)",
+    )
+    report_max_tokens: int | None = Field(
+        default=None, ge=1, description="max_tokens of that report; default max_tokens"
+    )
 
     @model_validator(mode="before")
     @classmethod

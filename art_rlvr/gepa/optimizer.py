@@ -40,11 +40,11 @@ from art_rlvr.evaluate import EvalReport, evaluate
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.pareto import frontier_indices
-from art_rlvr.gepa.propose import ReflectionCalls, Run, stop
-from art_rlvr.gepa.records import Candidate, GEPAState, HistoryEvent
+from art_rlvr.gepa.propose import ReflectionCalls, Run, journaled_replies, stop
+from art_rlvr.gepa.records import GEPAState, HistoryEvent
 from art_rlvr.gepa.result import GEPAResult
 from art_rlvr.gepa.start import choose_seed_prompt, fingerprint, reopen, split_train
-from art_rlvr.gepa.steps import merge_step, reflective_step
+from art_rlvr.gepa.steps import merge_step, reflective_step, score_starts
 from art_rlvr.gepa.store import EvalStore, GEPAFiles
 from art_rlvr.llm import LLMClient, LLMCounters, client_for
 from art_rlvr.observe import tracing
@@ -81,6 +81,20 @@ def make_reflector(
 ) -> tuple[LLMClient, str]:
     """The configured reflection LM, or the embedded model through its own endpoint."""
     return client_for(config.reflection, model, name="reflection", counters=counters)
+
+
+def open_state(files: GEPAFiles, config: GEPAConfig, fp: str) -> GEPAState:
+    """The folder's state if it holds this run (reopened), a fresh one if it holds none."""
+    state = files.load_state()
+    if state is None:
+        return GEPAState(fingerprint=fp)
+    if state.fingerprint != fp:
+        raise ValueError(
+            f"{files.root} holds a GEPA run with other settings (seed, sizes, seed prompt or "
+            "task differ); use a new folder to start over"
+        )
+    log.info("resuming GEPA at iteration %d (%s)", state.iteration, files.root)
+    return reopen(state, config)
 
 
 async def report_prompts(
@@ -126,21 +140,8 @@ async def run_optimizer(
     pareto, feedback = split_train(task.splits["train"], cfg.pareto_size, cfg.seed)
     starts = list(dict.fromkeys([seed_prompt, *carry]))
     fp = fingerprint(cfg, task, "\n---\n".join(starts), [sc.id for sc in pareto])
-    state = files.load_state()
-    if state is not None and state.fingerprint != fp:
-        raise ValueError(
-            f"{files.root} holds a GEPA run with other settings (seed, sizes, seed prompt or "
-            "task differ); use a new folder to start over"
-        )
-    if state is None:
-        state = GEPAState(fingerprint=fp)
-    else:
-        log.info("resuming GEPA at iteration %d (%s)", state.iteration, files.root)
-        state = reopen(state, cfg)
-    records = files.journal.load()
-    replies = {r["key"]: r for r in records if r.get("type") == "reflection"}
-    last = [r["counters"] for r in records if r.get("type") == "reflection"]
-    counters = LLMCounters.restore(last[-1]) if last else LLMCounters()
+    state = open_state(files, cfg, fp)
+    replies, counters = journaled_replies(files.journal.load())
     store = EvalStore(cfg.max_metric_calls, files.journal)
     client, reflector = make_reflector(model, cfg, counters)
     adapter = ARTPromptAdapter(
@@ -149,7 +150,7 @@ async def run_optimizer(
         sampling=SamplingConfig(
             max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
         ),
-        rollouts_per_problem=cfg.rollouts_per_problem,
+        group_size=cfg.group_size,
         seed=rollout_seed(cfg.seed, "gepa"),
         max_reflection_examples=cfg.max_reflection_examples,
         loop=asyncio.get_running_loop(),
@@ -157,32 +158,7 @@ async def run_optimizer(
     reflection = ReflectionCalls(client, files.journal, replies)
     run = Run(cfg, adapter, store, reflection, pareto, feedback)
     if not state.candidates:
-        need = sum(run.cost(p, pareto) for p in starts)
-        if need > store.remaining:
-            raise ValueError(
-                f"max_metric_calls={cfg.max_metric_calls} cannot even score the "
-                f"{len(starts)} starting prompt(s) on the Pareto set ({need} calls)"
-            )
-        initial = []
-        for index, prompt in enumerate(starts):
-            evals = await adapter.aevaluate(pareto, prompt)
-            initial.append(
-                Candidate(
-                    index=index,
-                    prompt=prompt,
-                    origin="seed" if index == 0 else "carried",
-                    pareto_scores={e.scenario_id: e.score for e in evals},
-                )
-            )
-            log.info(
-                "%s prompt: Pareto mean %.3f over %d scenarios",
-                "seed" if index == 0 else f"carried #{index}",
-                initial[-1].mean,
-                len(pareto),
-            )
-        state = state.model_copy(
-            update={"candidates": tuple(initial), "pool": tuple(range(len(initial)))}
-        )
+        state = await score_starts(run, state, starts)
         files.save(state)
     while state.stop_reason is None:
         if cfg.max_iterations is not None and state.iteration >= cfg.max_iterations:

@@ -17,7 +17,7 @@ from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.proposal import check_proposal, normalize
 from art_rlvr.gepa.records import Candidate, GEPAState, HistoryEvent, Rejection
 from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.llm import LLMClient, LLMError, LLMReply
+from art_rlvr.llm import LLMClient, LLMCounters, LLMError, LLMReply
 from art_rlvr.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,15 @@ def known_prompts(
 def stop(state: GEPAState, reason: str) -> GEPAState:
     log.info("GEPA stops: %s", reason)
     return state.model_copy(update={"stop_reason": reason})
+
+
+def journaled_replies(
+    records: Sequence[dict[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], LLMCounters]:
+    """The reflection replies of a journal by key, and the client's counters as of the last."""
+    replies = {r["key"]: r for r in records if r.get("type") == "reflection"}
+    last = [r["counters"] for r in records if r.get("type") == "reflection"]
+    return replies, LLMCounters.restore(last[-1]) if last else LLMCounters()
 
 
 @dataclass

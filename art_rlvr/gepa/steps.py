@@ -45,6 +45,37 @@ def budget_stop(run: Run, state: GEPAState, need: int) -> GEPAState:
     )
 
 
+async def score_starts(run: Run, state: GEPAState, starts: Sequence[str]) -> GEPAState:
+    """The initial pool: the seed and any carried prompts, scored on the Pareto set (refused
+    up front if the budget cannot cover even that)."""
+    need = sum(run.cost(p, run.pareto) for p in starts)
+    if need > run.store.remaining:
+        raise ValueError(
+            f"max_metric_calls={run.config.max_metric_calls} cannot even score the "
+            f"{len(starts)} starting prompt(s) on the Pareto set ({need} calls)"
+        )
+    initial = []
+    for index, prompt in enumerate(starts):
+        evals = await run.adapter.aevaluate(run.pareto, prompt)
+        initial.append(
+            Candidate(
+                index=index,
+                prompt=prompt,
+                origin="seed" if index == 0 else "carried",
+                pareto_scores={e.scenario_id: e.score for e in evals},
+            )
+        )
+        log.info(
+            "%s prompt: Pareto mean %.3f over %d scenarios",
+            "seed" if index == 0 else f"carried #{index}",
+            initial[-1].mean,
+            len(run.pareto),
+        )
+    return state.model_copy(
+        update={"candidates": tuple(initial), "pool": tuple(range(len(initial)))}
+    )
+
+
 async def admit(
     run: Run,
     state: GEPAState,

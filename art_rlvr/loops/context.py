@@ -123,6 +123,7 @@ async def run_eval(
             format=report.format_rate,
             tokens_per_completion=report.mean_completion_tokens,
             errors=report.errors,
+            first_error=report.first_error,
             tag=tag,
             **clocks(ctx),
         )

@@ -28,6 +28,10 @@ from art_rlvr.rewards.sandbox.spec import (
 )
 
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
+HINT = (
+    "bubblewrap needs unprivileged user namespaces (sysctl user.max_user_namespaces > 0; on "
+    "Ubuntu >= 23.10 also kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
+)
 INSIDE_LAUNCHER = "/launcher.py"
 
 

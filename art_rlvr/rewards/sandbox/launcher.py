@@ -13,7 +13,6 @@ line `<nonce> {dict}` on a copy of stdout. Exit codes: the worker's (0 = the har
 128 + signal when it was killed, 125 when setup failed.
 """
 
-import ctypes
 import marshal
 import os
 import resource
@@ -24,7 +23,6 @@ SETUP_FAILED = 125
 ROOT = "/tmp"  # the new root is built here, inside a private mount namespace
 RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-libc = ctypes.CDLL(None, use_errno=True)
 
 
 def fail(message: str) -> None:
@@ -32,67 +30,70 @@ def fail(message: str) -> None:
     os._exit(SETUP_FAILED)
 
 
-def encode(text: str | None) -> bytes | None:
-    return None if text is None else text.encode()
+class Libc:
+    """mount(2) and prctl(2), which os lacks. Only the root path loads it: importing ctypes
+    costs 5-30 ms a run, and inside bubblewrap (which sets no_new_privs) nothing needs it."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def mount(self, src: str | None, dst: str, fstype: str | None, flags: int, data=None):
+        enc = [None if s is None else s.encode() for s in (src, dst, fstype, data)]
+        if self.lib.mount(enc[0], enc[1], enc[2], self.ctypes.c_ulong(flags), enc[3]) != 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, f"mount {dst}: {os.strerror(err)}")
+
+    def bind_ro(self, src: str, dst: str) -> None:
+        self.mount(src, dst, None, BIND | REC)
+        self.mount(None, dst, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV)
+
+    def prctl(self, option: int, value: int) -> None:
+        self.lib.prctl(option, value, 0, 0, 0)
 
 
-def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
-    args = (encode(src), encode(dst), encode(fstype), ctypes.c_ulong(flags), encode(data))
-    if libc.mount(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {dst}: {os.strerror(err)}")
-
-
-def bind_ro(src: str, dst: str) -> None:
-    mount(src, dst, None, BIND | REC)
-    mount(None, dst, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV)
-
-
-def build_root(uid: int, tmp_mb: int) -> None:
+def build_root(libc: Libc, uid: int, tmp_mb: int) -> None:
     """Namespaces, then a read-only tmpfs root: /usr, the Python install, four /dev nodes and a
     writable, size-limited /tmp/work owned by `uid`."""
     os.unshare(
         os.CLONE_NEWNS | os.CLONE_NEWNET | os.CLONE_NEWPID | os.CLONE_NEWIPC | os.CLONE_NEWUTS
     )
-    mount(None, "/", None, REC | PRIVATE)
-    mount("sandbox", ROOT, "tmpfs", NOSUID, "size=1m,mode=0755")
+    libc.mount(None, "/", None, REC | PRIVATE)
+    libc.mount("sandbox", ROOT, "tmpfs", NOSUID, "size=1m,mode=0755")
     for name in ("usr", "bin", "lib", "lib64", "sbin"):
         host = "/" + name
         if os.path.islink(host):
             os.symlink(os.readlink(host), ROOT + host)
         elif os.path.isdir(host):
             os.mkdir(ROOT + host)
-            bind_ro(host, ROOT + host)
+            libc.bind_ro(host, ROOT + host)
     prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
     for prefix in sorted({os.path.realpath(p) for p in prefixes}):
         if not prefix.startswith("/usr/") and not os.path.isdir(ROOT + prefix):
             os.makedirs(ROOT + prefix, exist_ok=True)
-            bind_ro(prefix, ROOT + prefix)
+            libc.bind_ro(prefix, ROOT + prefix)
     os.makedirs(ROOT + "/dev")
     for node in ("null", "zero", "random", "urandom"):
         open(ROOT + "/dev/" + node, "w").close()
-        mount("/dev/" + node, ROOT + "/dev/" + node, None, BIND)
+        libc.mount("/dev/" + node, ROOT + "/dev/" + node, None, BIND)
     os.mkdir(ROOT + "/proc")
     os.mkdir(ROOT + "/tmp")
-    mount("work", ROOT + "/tmp", "tmpfs", NOSUID | NODEV, f"size={tmp_mb}m,mode=0755")
+    libc.mount("work", ROOT + "/tmp", "tmpfs", NOSUID | NODEV, f"size={tmp_mb}m,mode=0755")
     os.mkdir(ROOT + "/tmp/work", 0o700)
     os.chown(ROOT + "/tmp/work", uid, uid)
-    mount(None, ROOT, None, REMOUNT | RDONLY | NOSUID)
+    libc.mount(None, ROOT, None, REMOUNT | RDONLY | NOSUID)
 
 
-def limit(limits: dict[str, int], uid: int | None) -> None:
-    """Resource limits, then (as root) the throwaway uid, then no_new_privs."""
+def limit(limits: dict[str, int]) -> None:
+    """stdin from /dev/null, and the resource limits."""
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     for name, value in limits.items():
         hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, then SIGKILL
         resource.setrlimit(getattr(resource, name), (value, hard))
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
 def status_of(pid: int) -> int:
@@ -178,14 +179,15 @@ def harness(job: dict) -> None:
 def run_as_root(job: dict) -> None:
     uid = job["uid"]
     try:
-        build_root(uid, job["tmp_mb"])
+        libc = Libc()
+        build_root(libc, uid, job["tmp_mb"])
         init = os.fork()
     except BaseException as error:
         fail(repr(error))
     if init == 0:
         try:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the launcher
-            mount("proc", ROOT + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the launcher
+            libc.mount("proc", ROOT + "/proc", "proc", NOSUID | NODEV | NOEXEC)
             os.chroot(ROOT)
             os.chdir("/tmp/work")
             os.environ.clear()
@@ -195,7 +197,11 @@ def run_as_root(job: dict) -> None:
             fail(repr(error))
         if worker == 0:
             try:
-                limit(job["limits"], uid)
+                limit(job["limits"])
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
             except BaseException as error:
                 fail(repr(error))
             harness(job)
@@ -215,7 +221,7 @@ def run_inside(job: dict) -> None:
         os.chdir("/tmp/work")
         os.environ.clear()
         os.environ.update(job["env"])
-        limit(job["limits"], None)
+        limit(job["limits"])  # bwrap has set no_new_privs and dropped every capability
     except BaseException as error:
         fail(repr(error))
     harness(job)

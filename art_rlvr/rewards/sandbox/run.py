@@ -95,7 +95,7 @@ async def run_sandboxed(
     units: list[str],
     entry_point: str | None,
     limits: SandboxLimits,
-    kind: SandboxKind = "root",
+    kind: SandboxKind,
 ) -> RunResult:
     """Run `program`, then the test source, then each unit; all inside a fresh sandbox."""
     launch = KINDS[kind](limits)
@@ -210,7 +210,8 @@ def sandbox_problem(kind: SandboxKind) -> str | None:
     if proc.returncode == 0 and {"kind": "unit", "index": 0, "ok": True} in reports:
         return None
     said = stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
-    return f"a trivial run failed (exit {proc.returncode}): {said[-1][:300]}"
+    hint = f"; {bwrap.HINT}" if kind == "bwrap" else ""
+    return f"a trivial run failed (exit {proc.returncode}): {said[-1][:300]}{hint}"
 
 
 def choose_sandbox(requested: SandboxChoice = "auto") -> SandboxKind:

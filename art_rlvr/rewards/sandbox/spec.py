@@ -44,10 +44,17 @@ class Launch(Protocol):
     """One run of one kind of sandbox: the command line, the launcher's job fields, the
     environment and descriptors the command starts with, and how to end it."""
 
-    argv: list[str]
-    job: dict[str, Any]
-    env: dict[str, str]
-    pass_fds: tuple[int, ...]
+    @property
+    def argv(self) -> list[str]: ...
+
+    @property
+    def job(self) -> dict[str, Any]: ...
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]: ...
 
     def started(self) -> None:
         """The command is running: drop the parent's copies of what it was handed."""
