@@ -2,8 +2,10 @@
 
 One row per ablation (RL-only, GEPA+RL, EI without / with teacher hints, GEPA+RL+EI, ...),
 mean ± std over the seeds present: initial and final val accuracy, final test accuracy,
-rollouts and training tokens spent, reflection and teacher calls, wall time. Runs without a
-summary.json (unfinished) are listed and skipped, never silently dropped.
+rollouts and training tokens spent, reflection and teacher calls, wall time. An evaluation of
+an external model (`mode=eval policy.model=...`) is a row `external: <model>` beside them, with
+its pass@k (a column per k any run reports), completion tokens and litellm's cost. Runs without
+a summary.json (unfinished) are listed and skipped, never silently dropped.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ COLUMNS = (
     ("train tokens", "training_tokens", "{:.0f}"),
     ("reflection calls", "reflection_calls", "{:.0f}"),
     ("teacher calls", "teacher_calls", "{:.0f}"),
+    ("eval tokens", "completion_tokens", "{:.0f}"),
+    ("cost $", "cost_usd", "{:.3g}"),
     ("wall min", "wall_minutes", "{:.1f}"),
 )
+EXTERNAL = "external: "
 
 
 class RunRecord(BaseModel):
@@ -55,6 +60,9 @@ class RunRecord(BaseModel):
 def ablation(config: dict[str, Any]) -> str:
     """The ablation a run belongs to, from its logged config (mode and flags)."""
     mode = config.get("mode", "rl")
+    policy = (config.get("policy") or {}).get("model")
+    if policy:
+        return f"{EXTERNAL}{policy}"
     ei = config.get("ei") or {}
     with_ei = mode in ("ei", "gepa_rl_ei") or bool(config.get("enable_expert_iteration"))
     if mode == "eval":
@@ -78,6 +86,7 @@ def load_run(path: Path) -> RunRecord | None:
         key: _number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
     }
     values["wall_minutes"] = summary.wall_seconds / 60 if summary.wall_seconds else None
+    values |= {pass_key(k): v for k, v in (summary.pass_at_k or {}).items()}
     return RunRecord(
         path=path,
         ablation=ablation(config),
@@ -85,6 +94,25 @@ def load_run(path: Path) -> RunRecord | None:
         seed=summary.seed,
         values=values,
     )
+
+
+def pass_key(k: int) -> str:
+    return f"pass@{k}"
+
+
+def order(name: str) -> tuple[int, str]:
+    """ORDER's rank; external models right after the baseline, by name."""
+    if name in ORDER:
+        return ORDER.index(name), ""
+    return ORDER.index("baseline (eval)"), name
+
+
+def columns(records: Sequence[RunRecord]) -> list[tuple[str, str, str]]:
+    """COLUMNS with a pass@k column, after the test accuracy, for each k any run reports."""
+    ks = sorted({int(key[5:]) for r in records for key in r.values if key.startswith("pass@")})
+    passes = [(pass_key(k), pass_key(k), "{:.3f}") for k in ks]
+    at = [key for _, key, _ in COLUMNS].index("test_accuracy_after") + 1
+    return [*COLUMNS[:at], *passes, *COLUMNS[at:]]
 
 
 def _number(value: Any) -> float | None:
@@ -107,13 +135,14 @@ def table(records: Sequence[RunRecord]) -> str:
     groups: dict[tuple[str, str], list[RunRecord]] = {}
     for record in records:
         groups.setdefault((record.scenario, record.ablation), []).append(record)
-    header = ["scenario", "ablation", "seeds", *[name for name, _, _ in COLUMNS]]
+    shown = columns(records)
+    header = ["scenario", "ablation", "seeds", *[name for name, _, _ in shown]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (scenario, name), rows in sorted(
-        groups.items(), key=lambda item: (item[0][0], ORDER.index(item[0][1]))
+        groups.items(), key=lambda item: (item[0][0], order(item[0][1]))
     ):
         seeds = ",".join(str(s) for s in sorted({r.seed for r in rows}))
-        cells = [cell([r.values.get(key) for r in rows], fmt) for _, key, fmt in COLUMNS]
+        cells = [cell([r.values.get(key) for r in rows], fmt) for _, key, fmt in shown]
         lines.append("| " + " | ".join([scenario, name, seeds, *cells]) + " |")
     return "\n".join(lines)
 

@@ -19,7 +19,8 @@ from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.selection import BackendName
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.llm import LLMRole, renamed
+from art_rlvr.llm_settings import LLMRole, renamed
+from art_rlvr.policy import PolicyRole
 
 # a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
 # (the name of an environment variable, which is what a reader needs to see)
@@ -104,12 +105,25 @@ class RunConfig(BaseModel):
         default=None, ge=1, description="evaluate on the first N val scenarios; default all"
     )
     eval_test: bool = Field(default=True, description="evaluate on the test split at the end")
+    eval_samples: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="mode=eval: samples per item (n of pass@k; n > 1 needs eval_temperature > 0)",
+    )
+    eval_k: tuple[int, ...] | None = Field(
+        default=None,
+        description="mode=eval: the k of pass@k, e.g. 1,2,4 (each <= eval_samples); default 1,n",
+    )
+    # mode=eval on an external model: policy.model=openai/gpt-4o-mini, or policy.model=openai/x
+    # policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY
+    policy: PolicyRole = Field(default_factory=PolicyRole)
 
     # RL (tinker-cookbook math_rl style knobs)
     groups_per_batch: int = Field(default=6, ge=1, description="scenarios per RL step")
     group_size: int = Field(
         default=6,
-        ge=2,
+        ge=1,
         description="rollouts per scenario (RL group; handed to GEPA and EI when given)",
     )
     n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
@@ -164,7 +178,7 @@ class RunConfig(BaseModel):
 
     # GEPA + RL block coordinate ascent (mode=gepa_rl; gepa_rl_ei adds expert-iteration rounds)
     rounds: int = Field(
-        default=3, ge=1, description="rounds of the GEPA + RL schedule (handed to EI when given)"
+        default=3, ge=0, description="rounds of the GEPA + RL schedule (handed to EI when given)"
     )
     rl_batches_per_round: int = Field(default=8, ge=0, description="RL steps per schedule round")
     skip_first_gepa: bool = Field(default=False, description="start the schedule with RL")
@@ -183,6 +197,15 @@ class RunConfig(BaseModel):
     def _old_names(cls, data: Any) -> Any:
         return renamed(data, RUN_RENAMED, "RunConfig")
 
+    @model_validator(mode="after")
+    def _rl_groups(self) -> RunConfig:
+        trains_rl = self.mode in ("rl", "gepa_rl", "gepa_rl_ei")
+        if trains_rl and self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 for mode={self.mode}: a group of one has no advantage"
+            )
+        return self
+
     @field_validator("weave_project")
     @classmethod
     def _project_name(cls, value: str | None) -> str | None:
@@ -196,6 +219,34 @@ class RunConfig(BaseModel):
         if value is not None and (not value or "/" in value or value.startswith(".")):
             raise ValueError("must be a plain folder name (no '/', not starting with '.')")
         return value
+
+    @field_validator("eval_k", mode="before")
+    @classmethod
+    def _k_list(cls, value: Any) -> Any:
+        return (
+            [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        )
+
+    @model_validator(mode="after")
+    def _sampled_eval(self) -> RunConfig:
+        n = self.eval_samples
+        if self.policy.model is not None and self.mode != "eval":
+            raise ValueError(
+                f"policy.model evaluates an external model: it needs mode=eval, not {self.mode}"
+            )
+        if n > 1 and self.eval_temperature == 0.0:
+            raise ValueError(
+                f"eval_samples={n} with eval_temperature=0 samples one greedy reply {n} times; "
+                "set eval_temperature > 0 (e.g. 0.7)"
+            )
+        if self.eval_k is not None and not all(1 <= k <= n for k in self.eval_k):
+            raise ValueError(f"eval_k={list(self.eval_k)}: every k must be in 1..eval_samples={n}")
+        return self
+
+    @property
+    def pass_ks(self) -> tuple[int, ...]:
+        """The k of pass@k reported: eval_k, or 1 and n."""
+        return tuple(sorted(set(self.eval_k or (1, self.eval_samples))))
 
     @property
     def with_expert_iteration(self) -> bool:
@@ -246,7 +297,7 @@ SUBCONFIG_MODES: dict[str, tuple[str, ...]] = {
     "gepa": ("gepa", "gepa_rl", "gepa_rl_ei"),
     "ei": ("ei", "gepa_rl_ei"),
 }
-_INTERNAL = {"source_overrides", *SUBCONFIGS}
+_INTERNAL = {"source_overrides", "policy", *SUBCONFIGS}
 
 
 def _subconfig_keys() -> dict[str, list[str]]:
@@ -261,6 +312,8 @@ def _subconfig_keys() -> dict[str, list[str]]:
 
 def _first_error(error: ValidationError, values: dict[str, Any], prefix: str = "") -> ConfigError:
     first = error.errors()[0]
+    if not first["loc"]:  # a check across keys (model_validator): its message says it all
+        return ConfigError(first["msg"].removeprefix("Value error, "))
     key = ".".join(str(p) for p in first["loc"]) or "config"
     allowed = first.get("ctx", {}).get("expected")
     extra = f" (expected {allowed})" if allowed else ""
@@ -282,6 +335,7 @@ def _canonical(key: str) -> str:
 
 def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
     roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
+    roles += [f"policy.{f}" for f in PolicyRole.model_fields]
     role_keys = "|".join(LLMRole.model_fields)
     close = difflib.get_close_matches(key, [*fields, *owners, *roles], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -291,8 +345,10 @@ def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> 
         + "".join(f", {role}.<{role_keys}>" for role, n in ROLES.items() if n == name)
         for name in SUBCONFIGS
     )
+    policy = "|".join(PolicyRole.model_fields)
     return ConfigError(
-        f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>{extra}"
+        f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>, "
+        f"policy.<{policy}>{extra}"
     )
 
 
@@ -306,6 +362,7 @@ def parse_args(argv: list[str]) -> RunConfig:
     values: dict[str, Any] = {}
     sub: dict[str, dict[str, Any]] = {name: {} for name in SUBCONFIGS}
     source: dict[str, Any] = {}
+    policy: dict[str, Any] = {}
     seen: set[str] = set()
     for word in argv:
         given, sep, raw = word.partition("=")
@@ -320,6 +377,10 @@ def parse_args(argv: list[str]) -> RunConfig:
         role, dot, field = key.partition(".")
         if role == "source" and dot:
             source[field] = _coerce_source_value(raw)
+        elif role == "policy" and dot:
+            if field not in PolicyRole.model_fields:
+                raise _unknown(key, fields, owners)
+            policy[field] = value
         elif role in ROLES and dot:
             if field not in LLMRole.model_fields:
                 raise _unknown(key, fields, owners)
@@ -333,6 +394,8 @@ def parse_args(argv: list[str]) -> RunConfig:
             raise _unknown(key, fields, owners)
     if source:
         values["source_overrides"] = source
+    if policy:
+        values["policy"] = policy
     try:
         config = RunConfig.model_validate(values)
     except ValidationError as error:
@@ -347,4 +410,4 @@ def parse_args(argv: list[str]) -> RunConfig:
     return config.model_copy(update=built)
 
 
-_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit"}
+_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit", "eval_k"}

@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from art_rlvr.config import _INTERNAL, RUN_RENAMED, SUB_RENAMED, RunConfig
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.llm import LLMRole
+from art_rlvr.llm_settings import LLMRole
+from art_rlvr.policy import PolicyRole
 
 
 def _default_text(model: type[BaseModel], name: str) -> str:
@@ -56,6 +57,8 @@ def reference_markdown() -> str:
         ("Expert iteration (`mode=ei`, `gepa_rl_ei`)", _rows(EIConfig, same_as_run=True)),
         ("LLM roles: `reflection.<key>` (GEPA) and `teacher.<key>` (expert iteration)",
          _rows(LLMRole)),
+        ("The evaluated model: `policy.<key>` (`mode=eval`; the key only from the environment)",
+         _rows(PolicyRole)),
     ]  # fmt: skip
     parts = [f"### {title}\n\n" + "\n".join([*header, *rows]) for title, rows in sections]
     notes = (

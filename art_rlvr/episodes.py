@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -30,15 +29,16 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.observe import tracing
-from art_rlvr.rollouts import SamplingConfig, rollout_seed
+from art_rlvr.outcome import attach_outcome
+from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.tools import (
+    CallbackError,
     Tool,
     ToolCallResult,
     ToolChoice,
     as_tools,
     call_tool,
-    cap,
-    off_loop,
+    guarded,
     tool_choice_param,
 )
 
@@ -90,22 +90,10 @@ Environment = Callable[[Turn, art.Trajectory], EnvStep | str | Awaitable[Any] | 
 Scorer = Callable[[art.Trajectory], EpisodeScore | float | Awaitable[Any]]
 
 
-class CallbackError(RuntimeError):
-    """An environment or scoring callback that raised or timed out."""
-
-
-async def run_callback(fn: Callable[..., Any], *args: Any, timeout_s: float, what: str) -> Any:
-    """Call a sync callback in its own thread or await an async one, under `timeout_s`; any
-    failure becomes a `CallbackError` saying what failed and why (traceback included)."""
-    scope = asyncio.timeout(timeout_s)
-    try:
-        async with scope:
-            return await off_loop(fn, args, label=what)
-    except Exception as error:
-        if scope.expired():
-            raise CallbackError(f"{what} timed out after {timeout_s:g} s") from None
-        detail, _ = cap("".join(traceback.format_exception(error)), LOG_CHARS)
-        raise CallbackError(f"{what} raised {type(error).__name__}: {error}\n{detail}") from error
+def failure(error: CallbackError) -> str:
+    """A failed callback for the logs: the one-line reason, then the traceback if any."""
+    same = error.timed_out or error.detail == str(error)
+    return str(error) if same else f"{error}\n{error.detail}"
 
 
 def env_step(value: Any) -> EnvStep:
@@ -195,7 +183,6 @@ async def sample_turn(
         **({"tools": trajectory.tools} if trajectory.tools else {}),
         **({"tool_choice": tool_choice} if tool_choice is not None else {}),
         **({"seed": seed} if seed is not None else {}),
-        **({"stop": list(sampling.stop)} if sampling.stop else {}),
     }
     async with limiter if limiter is not None else contextlib.nullcontext():
         response = await model.openai_client().chat.completions.create(
@@ -203,6 +190,7 @@ async def sample_turn(
             messages=trajectory.messages(),
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
+            stop=list(sampling.stop) or None,
             top_p=sampling.top_p,
             logprobs=True,
             **optional,
@@ -216,7 +204,9 @@ async def ask_env(
     env: Environment, turn: Turn, trajectory: art.Trajectory, timeout_s: float
 ) -> EnvStep:
     """The environment's answer; raises `CallbackError` if it fails or answers nonsense."""
-    value = await run_callback(env, turn, trajectory, timeout_s=timeout_s, what="environment")
+    value = await guarded(
+        env, (turn, trajectory), timeout_s=timeout_s, what="environment", detail_chars=LOG_CHARS
+    )
     try:
         return env_step(value)
     except TypeError as error:
@@ -226,7 +216,9 @@ async def ask_env(
 async def score_episode(
     score: Scorer, trajectory: art.Trajectory, timeout_s: float
 ) -> EpisodeScore:
-    value = await run_callback(score, trajectory, timeout_s=timeout_s, what="scorer")
+    value = await guarded(
+        score, (trajectory,), timeout_s=timeout_s, what="scorer", detail_chars=LOG_CHARS
+    )
     try:
         return episode_score(value)
     except TypeError as error:
@@ -299,7 +291,7 @@ async def run_episode(
                 reply = await ask_env(env, turn, trajectory, callback_timeout_s)
             except CallbackError as error:
                 counts["env_error"] = 1
-                trajectory.logs.append(f"turn {index}: episode ended: {error}")
+                trajectory.logs.append(f"turn {index}: episode ended: {failure(error)}")
                 break
             trajectory.messages_and_choices.extend(dict(m) for m in reply.messages)
             env_metrics.update(reply.metrics)
@@ -324,12 +316,14 @@ async def run_episode(
             verdict = await score_episode(score, trajectory, callback_timeout_s)
         except CallbackError as error:
             trajectory.metrics["score_error"] = 1.0
-            trajectory.logs.append(f"scoring failed, reward 0: {error}")
+            trajectory.logs.append(f"scoring failed, reward 0: {failure(error)}")
         else:
-            trajectory.reward = verdict.reward
-            trajectory.metrics.update({"score_error": 0.0, **verdict.metrics})
-            if verdict.feedback:
-                trajectory.logs.append(verdict.feedback)
+            attach_outcome(
+                trajectory,
+                reward=verdict.reward,
+                feedback=verdict.feedback,
+                metrics={"score_error": 0.0, **verdict.metrics},
+            )
     return trajectory
 
 
@@ -343,7 +337,7 @@ __all__ = [
     "Scorer",
     "Turn",
     "ask_env",
-    "run_callback",
+    "failure",
     "run_episode",
     "sample_turn",
     "score_episode",

@@ -182,6 +182,12 @@ def _read_run(run: Path) -> tuple[dict[str, Any], RunFiles]:
     return config, files
 
 
+def _unscored_prompt(summary: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The prompt for a step no val evaluation scored: a GEPA run's best (its weights never
+    change, the prompt is what it made), else the configured one."""
+    return summary.get("best_prompt") or summary.get("final_prompt") or config.get("system_prompt")
+
+
 def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
     """The checkpoint of `run` at `step`, or at its best val accuracy; `ExportError` if none."""
     config, files = _read_run(run)
@@ -205,11 +211,7 @@ def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
     chosen, reason = pick_step(evals, steps, step)
     scored = [e for e in evals if e.step == chosen]
     best = max(scored, key=lambda e: e.accuracy) if scored else None
-    if best is not None:
-        prompt = best.system_prompt
-    else:  # e.g. a GEPA run (weights never change): the prompt it ended with
-        prompt = (summary or {}).get("best_prompt") or (summary or {}).get("final_prompt")
-        prompt = prompt or config.get("system_prompt")
+    prompt = best.system_prompt if best else _unscored_prompt(summary or {}, config)
     checkpoint = Checkpoint(
         run=run,
         model_dir=model_dir,

@@ -41,6 +41,12 @@ class EvalEvent(_Timed):
     errors: int = 0
     first_error: str | None = None
     tag: str = ""
+    # a sampled evaluation (eval_samples=n): pass@k by k, and which policy it scored
+    samples: int = 1
+    pass_at: dict[int, float] = Field(default_factory=dict)
+    policy: str | None = None  # an external model's litellm string; None: the run's own model
+    completion_tokens: int | None = None
+    cost_usd: float | None = None  # litellm's price, where it knows the model's; else None
 
 
 class TrainEvent(_Timed):
@@ -207,4 +213,9 @@ class RunSummary(BaseModel):
     best_prompt: str | None = None
     seed_prompt: str | None = None
     examples_distilled: int | None = None
+    policy: str | None = None  # mode=eval of an external model: its litellm string
+    eval_samples: int | None = None  # samples per item of a sampled evaluation
+    pass_at_k: dict[int, float] | None = None  # k -> val pass@k (unbiased estimator)
+    completion_tokens: int | None = None  # completion tokens an evaluation spent
+    cost_usd: float | None = None  # its price from litellm; None where litellm has none
     failed: str | None = None  # why the run stopped, when it failed (e.g. every rollout errored)

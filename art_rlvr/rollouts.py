@@ -1,43 +1,96 @@
 """`rollout(model, scenario) -> art.Trajectory`, on any ART backend.
 
-It talks only through `model.openai_client()` and `model.get_inference_name()`, keeps the
-response `Choice` (with the backend's token ids and logprobs) so the trajectory can be trained
-on, and attaches the scenario's reward, metrics, feedback and metadata.
+Every scenario runs as an episode through `art_rlvr.episodes.run_episode` (one code path): a
+scenario without an `[environment]` is the one-turn case (no tools, nothing answers the turn,
+its `[reward]` scores the reply), so its request and its trajectory are what a single-reply
+rollout has always sent and kept. It talks only through `model.openai_client()` and
+`model.get_inference_name()`, keeps every sampled `Choice` (the backend's token ids and
+logprobs) so the trajectory can be trained on, and ends in `attach_outcome`.
+
+An environment's answers and its episode reward run off the event loop under the scenario's
+timeout; if either fails, the episode ends with reward 0, the reason in `logs` and the
+feedback, and `env_error` (or `reward_error`) = 1 in its metrics. The run goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import art
-from pydantic import BaseModel, ConfigDict, Field
 
+from art_rlvr.environments import Reply
+from art_rlvr.episodes import EnvStep, Turn, failure, run_episode
 from art_rlvr.observe import tracing
-from art_rlvr.outcome import attach_outcome
-from art_rlvr.scenario import Scenario
+from art_rlvr.outcome import attach_outcome, completion_text, turns
+from art_rlvr.rewards import Score
+from art_rlvr.sampling import SamplingConfig, rollout_seed
+from art_rlvr.scenario import Episode, Scenario
 from art_rlvr.text import prompt_hash
+from art_rlvr.tools import CallbackError, guarded, tool
 
 
-class SamplingConfig(BaseModel):
-    """How a rollout samples; `seed` makes a rollout's sample reproducible on TorchBackend."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_tokens: int = Field(default=48, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+def as_env_step(value: Any) -> Any:
+    """An environment's `Reply` as the episode loop's `EnvStep`; str and None pass as they
+    are, anything else is left for the loop to refuse (the episode ends, with the reason)."""
+    return EnvStep(**value.model_dump()) if isinstance(value, Reply) else value
 
 
-def rollout_seed(*parts: object) -> int:
-    """A stable 31-bit seed from any parts (run seed, step, scenario id, sample index)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+def answerer(respond: Callable[[list[dict[str, Any]]], Any]) -> Callable[..., Any]:
+    """The episode loop's environment callback for `respond(episode so far)`: sync stays sync
+    (the loop runs it in a thread of its own), async stays async."""
+    if inspect.iscoroutinefunction(respond):
+
+        async def answer_async(turn: Turn, trajectory: art.Trajectory) -> Any:
+            return as_env_step(await respond(turns(trajectory)))
+
+        return answer_async
+
+    def answer(turn: Turn, trajectory: art.Trajectory) -> Any:
+        return as_env_step(respond(turns(trajectory)))
+
+    return answer
+
+
+def zero(trajectory: art.Trajectory, what: str) -> Score:
+    """Reward 0 for an episode whose environment or reward failed; the reason is the last
+    line of its logs."""
+    reason = trajectory.logs[-1] if trajectory.logs else "unknown failure"
+    first = reason.splitlines()[0] if reason else what
+    return Score(reward=0.0, feedback=f"{what} failed, reward 0: {first}", metrics={"correct": 0})
+
+
+async def episode_score(scenario: Scenario, episode: Episode, trajectory: art.Trajectory) -> Score:
+    """R(x, trajectory): the scenario's reward on the one reply (as a single-reply rollout has
+    always scored it), or the environment's reward over the episode, guarded."""
+    if trajectory.metrics.get("env_error"):
+        return zero(trajectory, "the environment")
+    if episode.reward is None:
+        return await scenario.score(completion_text(trajectory))
+    try:
+        value = await guarded(
+            episode.reward, (turns(trajectory),), timeout_s=episode.timeout_s, what="reward"
+        )
+        if not isinstance(value, Score):
+            message = f"reward returned {type(value).__name__}, not Score"
+            raise CallbackError(message, timed_out=False, detail=message)
+    except CallbackError as error:
+        trajectory.logs.append(f"scoring failed, reward 0: {failure(error)}")
+        trajectory.metrics["reward_error"] = 1.0
+        return zero(trajectory, "the reward")
+    trajectory.metrics["reward_error"] = 0.0
+    return value
+
+
+def one_turn_metrics(trajectory: art.Trajectory) -> dict[str, float]:
+    """The metrics a single-reply rollout has always kept (and nothing else, so records and
+    curves of single-turn runs stay as they were)."""
+    return {
+        "completion_tokens": trajectory.metrics["completion_tokens"],
+        "truncated": float(trajectory.metrics["truncated_turns"] > 0),
+    }
 
 
 @tracing.op("art_rlvr.rollout", inputs=tracing.rollout_inputs, output=tracing.trajectory_output)
@@ -52,35 +105,22 @@ async def rollout(
     metadata: dict[str, Any] | None = None,
     limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
-    """One scored sample of `scenario` under `system_prompt` (or under explicit `messages`,
-    e.g. expert iteration's hinted prompt; the scenario's reward still scores it). `limiter`,
-    if given, is held while the request is open, not while the reward scores it."""
-    messages = messages if messages is not None else scenario.messages(system_prompt)
-    s = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-    extra = {"seed": sampling.seed} if sampling.seed is not None else {}
-    async with limiter if limiter is not None else contextlib.nullcontext():
-        response = await model.openai_client().chat.completions.create(
-            model=model.get_inference_name(step),
-            messages=messages,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop=list(sampling.stop) or None,
-            logprobs=True,
-            **extra,
-        )
-    if not response.choices:
-        raise RuntimeError(f"backend returned no choices for scenario {scenario.id}")
-    choice = response.choices[0]
-    text = choice.message.content or ""
-    score = await scenario.score(text)
-    usage = response.usage
-    trajectory = art.Trajectory(
-        messages_and_choices=[*messages, choice],
-        metrics={
-            "completion_tokens": float(usage.completion_tokens if usage else 0),
-            "truncated": float(choice.finish_reason == "length"),
-        },
+    """One scored episode of `scenario` under `system_prompt` (or from explicit opening
+    `messages`, e.g. expert iteration's hinted prompt; the scenario's reward still scores it).
+    `limiter`, if given, is held while a request is open, not while anything else runs."""
+    episode = scenario.episode(system_prompt, messages)
+    opening = episode.messages
+    s = opening[0]["content"] if opening and opening[0]["role"] == "system" else ""
+    trajectory = await run_episode(
+        model,
+        opening,
+        tools=[tool(fn, timeout_s=episode.tool_timeout_s) for fn in episode.tools],
+        tool_choice=episode.tool_choice,
+        env=answerer(episode.respond) if episode.respond is not None else None,
+        max_turns=episode.max_turns,
+        sampling=sampling,
+        step=step,
+        callback_timeout_s=episode.timeout_s,
         metadata={
             "scenario_id": scenario.id,
             "split": scenario.split,
@@ -88,7 +128,13 @@ async def rollout(
             "prompt_hash": prompt_hash(s),
             **(metadata or {}),
         },
+        limiter=limiter,
     )
+    score = await episode_score(scenario, episode, trajectory)
+    if episode.single_turn:
+        trajectory.metrics = one_turn_metrics(trajectory)
+    else:
+        trajectory.metrics["truncated"] = float(trajectory.metrics["truncated_turns"] > 0)
     return attach_outcome(
         trajectory, reward=score.reward, feedback=score.feedback, metrics=score.metrics
     )

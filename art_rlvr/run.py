@@ -19,6 +19,7 @@ from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
+from art_rlvr.policy import PolicyError, read_key
 from art_rlvr.records import RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task, load_task
@@ -53,7 +54,10 @@ def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
 def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports."""
     task = load_task(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
-    check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
+    if cfg.policy.model is None:
+        check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
+    else:
+        read_key(cfg.policy)  # an external policy's key variable: before any folder or request
     files = RunFiles(cfg.directory)
     files.read_json("state.json")  # a corrupt state file stops the run before anything starts
     if not cfg.resume and (files.root / "state.json").exists():
@@ -67,6 +71,10 @@ async def run_mode(ctx: RunContext) -> dict[str, Any]:
     from art_rlvr.loops.rl import run_rl
 
     mode = ctx.config.mode
+    if mode == "eval" and ctx.config.eval_samples > 1:
+        return await sampled_eval(
+            ctx.config, ctx.task, ctx.files, ctx.model, ctx.started, ctx.cpu_started
+        )
     if mode == "eval":
         step = await ctx.model.get_step()
         report = await run_eval(ctx, step)
@@ -109,22 +117,29 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
     log.info("config: %s", cfg.model_dump_json())
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
     tracing = setup_weave(cfg.weave_project)
-    backend = build_backend(
-        cfg.backend,
-        path=files.art_path,
-        seed=cfg.seed,
-        lora_rank=cfg.lora_rank,
-        base_model=cfg.base_model,
-    )
-    model = art.TrainableModel(
-        name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
-    )
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
+    backend = None
     try:
-        await model.register(backend)
-        ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
-        result = await run_mode(ctx)
+        if cfg.policy.model is not None:  # an external model: no backend, no embedded model
+            from art_rlvr.policy import external_model
+
+            policy = external_model(cfg.policy, project=cfg.project)
+            result = await sampled_eval(cfg, task, files, policy, started, cpu_started)
+        else:
+            backend = build_backend(
+                cfg.backend,
+                path=files.art_path,
+                seed=cfg.seed,
+                lora_rank=cfg.lora_rank,
+                base_model=cfg.base_model,
+            )
+            model = art.TrainableModel(
+                name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
+            )
+            await model.register(backend)
+            ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
+            result = await run_mode(ctx)
     except RolloutsFailed as error:
         # a result that is really an error is the worst output: say why, in the log and in
         # summary.json, and exit non-zero (main); never an accuracy of 0.0
@@ -132,10 +147,82 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
         write_summary(files, cfg, task, {"failed": str(error)}, started, prior)
         raise
     finally:
-        await backend.close()
+        if backend is not None:
+            await backend.close()
         if tracing:
             finish_weave()
     return write_summary(files, cfg, task, result, started, prior)
+
+
+async def sampled_eval(
+    cfg: RunConfig,
+    task: Task,
+    files: RunFiles,
+    model: Any,
+    started: float,
+    cpu_started: float,
+) -> dict[str, Any]:
+    """mode=eval with `eval_samples` per val item and pass@k, of the run's own model or an
+    external policy (`policy.model`); logged to metrics.jsonl and trajectories/val_<step>."""
+    from art_rlvr.evaluate import evaluate_samples
+    from art_rlvr.policy import spent
+    from art_rlvr.records import EvalEvent
+    from art_rlvr.rollouts import SamplingConfig
+
+    val = task.splits["val"]
+    scenarios = val[: cfg.val_limit] if cfg.val_limit else val
+    external = cfg.policy.model is not None
+    step = 0 if external else await model.get_step()
+    report = await evaluate_samples(
+        model,
+        scenarios,
+        samples=cfg.eval_samples,
+        ks=cfg.pass_ks,
+        sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
+        seed=cfg.seed,
+        system_prompt=cfg.system_prompt,
+        max_in_flight=cfg.policy.max_in_flight,
+    )
+    usage = spent(model)
+    cost = usage.cost_usd if usage is not None else None
+    log.info("%s %s, cost %s", cfg.policy.label, report.line(), _usd(cost) or "unknown")
+    files.append_event(
+        EvalEvent(
+            split="val",
+            step=step,
+            accuracy=report.pass_at[1],
+            reward_mean=report.mean_reward,
+            format=report.format_rate,
+            tokens_per_completion=report.mean_completion_tokens,
+            errors=report.errors,
+            first_error=report.first_error,
+            samples=report.samples,
+            pass_at=report.pass_at,
+            policy=cfg.policy.model,
+            completion_tokens=report.completion_tokens,
+            cost_usd=cost,
+            wall_seconds=time.monotonic() - started,
+            cpu_seconds=cpu_seconds() - cpu_started,
+        )
+    )
+    files.write_trajectories(f"val_{step:04d}", report.groups)
+    if not external:  # ART's history lives with the run's own (trainable) model
+        await model.log(report.groups, split="val", step=step)
+    return {
+        "val_accuracy_before": report.pass_at[1],
+        "val_accuracy_after": report.pass_at[1],
+        "steps": step,
+        "rollouts": report.items * report.samples,
+        "policy": cfg.policy.model,
+        "eval_samples": report.samples,
+        "pass_at_k": report.pass_at,
+        "completion_tokens": report.completion_tokens,
+        "cost_usd": cost,
+    }
+
+
+def _usd(cost: float | None) -> str | None:
+    return None if cost is None else f"${cost:.6f}"
 
 
 def write_summary(
@@ -157,7 +244,7 @@ def write_summary(
             "mode": cfg.mode,
             "scenario": task.name,
             "seed": cfg.seed,
-            "base_model": cfg.base_model,
+            "base_model": cfg.policy.model or cfg.base_model,
             "wall_seconds": round(wall, 2),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
@@ -186,11 +273,21 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     rows: list[tuple[str, Any]] = [
         ("run", directory),
         ("mode", f"{s.mode} on {s.scenario} (seed {s.seed})"),
+        ("policy", s.policy),
+        (
+            "pass@k",
+            ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(s.pass_at_k.items()))
+            + f" (n={s.eval_samples})"
+            if s.pass_at_k
+            else None,
+        ),
         ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
         ("test acc", f"{test:.3f}" if test is not None else None),
         ("steps", s.steps),
         ("rollouts", s.rollouts),
         ("tokens", s.training_tokens),
+        ("completion", None if s.completion_tokens is None else f"{s.completion_tokens} tokens"),
+        ("cost", (_usd(s.cost_usd) or "unknown to litellm") if s.policy else None),
         ("reflection", _calls(s.reflection_calls, s.reflection_errors)),
         ("teacher", _calls(s.teacher_calls, s.teacher_errors)),
         ("s changes", s.prompt_changes),
@@ -212,7 +309,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
         task, files = prepare(cfg)
         summary = asyncio.run(execute(cfg, task, files))
-    except (ConfigError, ScenarioFileError, StateFileError, BackendUnavailable) as error:
+    except (
+        ConfigError,
+        PolicyError,
+        ScenarioFileError,
+        StateFileError,
+        BackendUnavailable,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except RolloutsFailed as error:

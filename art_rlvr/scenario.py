@@ -3,21 +3,29 @@
 A definition lives in a TOML file (`scenarios/<name>.toml`, or any path). Only the definition
 knows the record's fields: it renders `user_template` with them and names the reward that reads
 them. Everything downstream sees an opaque record `x`, messages, and a `Score`.
+
+A definition may also name an `[environment]` (see art_rlvr.environments): then a record runs
+as an episode of several turns, with tools, an environment that answers each turn and a reward
+over the whole episode. `Scenario.episode()` says how one record runs; a scenario without an
+environment is the one-turn case (no tools, no answers, its `[reward]` on the one reply).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 import string
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
+from art_rlvr.environments.base import Messages
 from art_rlvr.observe import tracing
 from art_rlvr.rewards import Score, make_reward
 from art_rlvr.rewards.base import RewardConfigError, RewardFn, first_error
@@ -41,6 +49,20 @@ class RewardSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class EnvironmentSpec(BaseModel):
+    """`[environment]`: a factory by built-in name or `module:function`, called with `params`,
+    and the limits its episodes run under."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1, le=256)  # default: the environment's
+    timeout_s: float = Field(default=30.0, gt=0)  # each call of respond / reward
+    tool_timeout_s: float = Field(default=10.0, gt=0)  # each tool call
+    tool_choice: str | None = None  # "auto", "required", "none" or a tool's name
+
+
 class ScenarioSpec(BaseModel):
     """The TOML file's schema."""
 
@@ -49,10 +71,31 @@ class ScenarioSpec(BaseModel):
     name: str
     description: str = ""
     system_prompt: str = ""
-    user_template: str
+    user_template: str | None = None  # required unless the environment opens episodes
     id_field: str | None = None
     source: dict[str, Any]
-    reward: RewardSpec
+    reward: RewardSpec | None = None  # required unless the environment scores episodes
+    environment: EnvironmentSpec | None = None
+
+
+@dataclass(frozen=True)
+class Episode:
+    """How one record runs: the opening messages and, for an environment, its tools, its
+    answers and its reward bound to the record (so callers never read `x`). `respond` None:
+    nothing answers a turn; `reward` None: the scenario's `[reward]` scores the last reply."""
+
+    messages: list[dict[str, Any]]
+    tools: tuple[Callable[..., Any], ...] = ()
+    respond: Callable[[Messages], Any] | None = None
+    reward: Callable[[Messages], Any] | None = None
+    max_turns: int = 1
+    timeout_s: float = 30.0
+    tool_timeout_s: float = 10.0
+    tool_choice: str | None = None
+
+    @property
+    def single_turn(self) -> bool:
+        return self.respond is None and self.reward is None and not self.tools
 
 
 @dataclass(frozen=True)
@@ -67,6 +110,12 @@ class Scenario:
     def messages(self, system_prompt: str | None = None) -> list[dict[str, str]]:
         return self.task.render(self, system_prompt)
 
+    def episode(
+        self, system_prompt: str | None = None, messages: list[dict[str, Any]] | None = None
+    ) -> Episode:
+        """How this record runs under `system_prompt` (or from explicit opening `messages`)."""
+        return self.task.episode(self, system_prompt, messages)
+
     @tracing.op("art_rlvr.score", inputs=tracing.score_inputs)
     async def score(self, completion: str) -> Score:
         return await self.task.score(self, completion)
@@ -78,8 +127,9 @@ class Task:
 
     spec: ScenarioSpec
     splits: dict[str, list[Scenario]]
-    reward: RewardFn
+    reward: RewardFn | None
     path: Path
+    environment: Environment | None = None
 
     @property
     def name(self) -> str:
@@ -91,14 +141,45 @@ class Task:
 
     def render(self, scenario: Scenario, system_prompt: str | None = None) -> list[dict[str, str]]:
         s = self.spec.system_prompt if system_prompt is None else system_prompt
-        user = self.spec.user_template.format_map(scenario.x)
-        return ([{"role": "system", "content": s}] if s else []) + [
-            {"role": "user", "content": user}
-        ]
+        env = self.environment
+        if env is not None and env.opening is not None:
+            opening = [dict(m) for m in env.opening(scenario.x)]
+        else:
+            assert self.spec.user_template is not None  # checked by load_task
+            opening = [{"role": "user", "content": self.spec.user_template.format_map(scenario.x)}]
+        return ([{"role": "system", "content": s}] if s else []) + opening
+
+    def episode(
+        self,
+        scenario: Scenario,
+        system_prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> Episode:
+        opening = messages if messages is not None else self.render(scenario, system_prompt)
+        env, spec = self.environment, self.spec.environment
+        if env is None or spec is None:
+            return Episode(messages=opening)
+        return Episode(
+            messages=opening,
+            tools=env.tools,
+            respond=functools.partial(env.respond, scenario.x) if env.respond else None,
+            reward=functools.partial(env.reward, scenario.x) if env.reward else None,
+            max_turns=spec.max_turns or env.max_turns,
+            timeout_s=spec.timeout_s,
+            tool_timeout_s=spec.tool_timeout_s,
+            tool_choice=spec.tool_choice,
+        )
 
     async def score(self, scenario: Scenario, completion: str) -> Score:
-        """R(x, y). Garbage output scores 0; a reward that raises is a bug and says so."""
-        result = self.reward(scenario.x, completion if isinstance(completion, str) else "")
+        """R(x, y). Garbage output scores 0; a reward that raises is a bug and says so. With an
+        environment that scores episodes, `completion` is scored as a one-reply episode."""
+        completion = completion if isinstance(completion, str) else ""
+        if self.reward is None:
+            assert self.environment is not None and self.environment.reward is not None
+            episode = [*self.render(scenario), {"role": "assistant", "content": completion}]
+            result = self.environment.reward(scenario.x, episode)
+        else:
+            result = self.reward(scenario.x, completion)
         if inspect.isawaitable(result):
             result = await result
         if not isinstance(result, Score):
@@ -181,15 +262,27 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
     except ValidationError as error:
         loc = ("source", *error.errors()[0]["loc"])
         raise ScenarioFileError(f"{_where(path, text, loc)}: source.{first_error(error)}") from None
-    try:
-        reward = make_reward(spec.reward.name, spec.reward.params)
-    except RewardConfigError as error:
-        key = "name" if str(error).startswith("unknown reward") else "params"
-        raise ScenarioFileError(f"{_where(path, text, ('reward', key))}: {error}") from None
+    environment = load_environment(spec, path, text)
+    reward = None
+    if spec.reward is not None:
+        try:
+            reward = make_reward(spec.reward.name, spec.reward.params)
+        except RewardConfigError as error:
+            key = "name" if str(error).startswith("unknown reward") else "params"
+            raise ScenarioFileError(f"{_where(path, text, ('reward', key))}: {error}") from None
+    elif environment is None or environment.reward is None:
+        raise ScenarioFileError(
+            f"{path}: field 'reward': a [reward] table is required "
+            "(unless an [environment] scores its episodes)"
+        )
+    if spec.user_template is None and (environment is None or environment.opening is None):
+        raise ScenarioFileError(
+            f"{path}: field 'user_template': required (unless an [environment] opens its episodes)"
+        )
     records = loader(source, path.parent, seed)
-    needed = _template_fields(spec.user_template)
+    needed = _template_fields(spec.user_template or "")
     splits: dict[str, list[Scenario]] = {}
-    task = Task(spec=spec, splits=splits, reward=reward, path=path)
+    task = Task(spec=spec, splits=splits, reward=reward, path=path, environment=environment)
     for split in SPLITS:
         items = []
         for index, x in enumerate(records.get(split, [])):
@@ -207,6 +300,17 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
             )
         splits[split] = items
     return task
+
+
+def load_environment(spec: ScenarioSpec, path: Path, text: str) -> Environment | None:
+    """The `[environment]` factory's product; a bad name or params is a file:line error."""
+    if spec.environment is None:
+        return None
+    try:
+        return make_environment(spec.environment.name, spec.environment.params)
+    except EnvironmentConfigError as error:
+        key = "params" if str(error).startswith("bad parameters") else "name"
+        raise ScenarioFileError(f"{_where(path, text, ('environment', key))}: {error}") from None
 
 
 def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:

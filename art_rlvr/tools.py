@@ -279,6 +279,41 @@ async def off_loop(
     return then(await result) if inspect.isawaitable(result) else result
 
 
+class CallbackError(RuntimeError):
+    """User code (a tool, an environment, a scorer) that raised or outlived its timeout;
+    the message is one line, `detail` the traceback for the logs."""
+
+    def __init__(self, message: str, *, timed_out: bool = False, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+        self.detail = message if detail is None else detail
+
+
+async def guarded(
+    fn: Callable[..., Any],
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    timeout_s: float,
+    what: str,
+    then: Callable[[Any], Any] = _identity,
+    detail_chars: int = 20 * DEFAULT_MAX_CHARS,
+) -> Any:
+    """`off_loop` under `timeout_s`; any failure of the call becomes a `CallbackError` saying
+    what failed and why. Cancellation from outside still propagates."""
+    scope = asyncio.timeout(timeout_s)
+    try:
+        async with scope:
+            return await off_loop(fn, args, kwargs, label=what, then=then)
+    except Exception as error:
+        if scope.expired():
+            message = f"{what} timed out after {timeout_s:g} s"
+            raise CallbackError(message, timed_out=True, detail=message) from None
+        detail, _ = cap("".join(traceback.format_exception(error)), detail_chars)
+        message = f"{what} raised {type(error).__name__}: {error}"
+        raise CallbackError(message, timed_out=False, detail=detail) from error
+
+
 def _call_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     call = inputs.get("call")
     function = getattr(call, "function", None)
@@ -318,21 +353,18 @@ async def call_tool(tools: Mapping[str, Tool], call: Any) -> ToolCallResult:
         content, _ = cap(f"Error: {error}", found.max_chars)
         return ToolCallResult(**base, status="invalid_arguments", content=content, error=content)
     started = time.monotonic()
-    scope = asyncio.timeout(found.timeout_s)
     try:
-        async with scope:
-            text = await off_loop(found.fn, args, kwargs, label=f"tool-{name}", then=render)
-    except Exception as error:
-        seconds = time.monotonic() - started
-        if scope.expired():
-            content = f"Error: {name} timed out after {found.timeout_s:g} s"
-            return ToolCallResult(
-                **base, status="timeout", content=content, error=content, seconds=seconds
-            )
-        content, _ = cap(f"Error: {name} raised {type(error).__name__}: {error}", found.max_chars)
-        detail, _ = cap("".join(traceback.format_exception(error)), 20 * found.max_chars)
+        text = await guarded(
+            found.fn, args, kwargs, timeout_s=found.timeout_s, what=name, then=render
+        )
+    except CallbackError as error:
+        content, _ = cap(f"Error: {error}", found.max_chars)
         return ToolCallResult(
-            **base, status="error", content=content, error=detail, seconds=seconds
+            **base,
+            status="timeout" if error.timed_out else "error",
+            content=content,
+            error=error.detail,
+            seconds=time.monotonic() - started,
         )
     content, truncated = cap(text, found.max_chars)
     return ToolCallResult(
@@ -348,6 +380,7 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_TIMEOUT_S",
     "ArgumentError",
+    "CallbackError",
     "Tool",
     "ToolCallResult",
     "ToolChoice",
@@ -356,6 +389,7 @@ __all__ = [
     "bind_arguments",
     "call_tool",
     "cap",
+    "guarded",
     "off_loop",
     "render",
     "tool",

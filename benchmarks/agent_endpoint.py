@@ -2,9 +2,12 @@
 
 1. per-token cost of constrained decoding (a JSON-schema grammar) / unconstrained sampling,
 2. streamed / non-streamed throughput (server-sent events read through the OpenAI SDK),
-3. how often `tool_choice="auto"` calls a tool with the embedded model on fixed prompts.
+3. how often `tool_choice="auto"` calls a tool with the embedded model on fixed prompts,
+4. with `--libraries`, the per-token mask cost of xgrammar (ours) next to llguidance on the same
+   schema and tokens (`uv run --with llguidance ...`; llguidance is not a dependency).
 
     uv run python benchmarks/agent_endpoint.py [--tokens 32] [--repeats 3] [--concurrency 1 8]
+    uv run --with llguidance python benchmarks/agent_endpoint.py --libraries --concurrency --auto-samples 0
 
 Every timed request produces exactly `--tokens` tokens (no early stop: `ignore_eos` without a
 grammar; a schema that cannot close within the budget with one), so wall time per token
@@ -149,13 +152,82 @@ async def auto_rate(model: art.TrainableModel, samples: int) -> dict[str, object
     }
 
 
+MASK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"enum": ["c", "f"]},
+        "days": {"type": "array", "items": {"type": "integer"}},
+        "opts": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]},
+    },
+    "required": ["city", "unit", "days", "opts"],
+}
+MASK_TEXT = json.dumps(
+    {"city": "Paris in spring", "unit": "c", "days": [1, 2, 30], "opts": {"a": True}}
+)
+
+
+def library_mask_cost(tokenizer, vocab_size: int, repeats: int) -> dict[str, object]:
+    """Microseconds per token to compute the allowed-token bitmask along a forced JSON text."""
+    import xgrammar as xgr
+
+    ids = tokenizer(MASK_TEXT, add_special_tokens=False)["input_ids"]
+    compiler = xgr.GrammarCompiler(
+        xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    )
+    compiled = compiler.compile_json_schema(json.dumps(MASK_SCHEMA))
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+
+    def xgrammar_run() -> None:
+        matcher = xgr.GrammarMatcher(compiled)
+        for token in ids:
+            matcher.fill_next_token_bitmask(bitmask)
+            assert matcher.accept_token(token)
+
+    runs = {"xgrammar": xgrammar_run}
+    try:
+        import llguidance
+        import llguidance.hf
+        import llguidance.torch
+    except ImportError:
+        pass
+    else:
+        ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, vocab_size)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(MASK_SCHEMA)
+        ll_bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+
+        def llguidance_run() -> None:
+            matcher = llguidance.LLMatcher(ll_tokenizer, grammar)
+            for token in ids:
+                llguidance.torch.fill_next_token_bitmask(matcher, ll_bitmask, 0)
+                assert matcher.consume_token(token)
+
+        runs["llguidance"] = llguidance_run
+    out: dict[str, object] = {"tokens": len(ids)}
+    for name, run in runs.items():
+        run()  # warm-up
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - started) / len(ids) * 1e6)
+        out[f"{name}_us_per_token"] = round(min(times), 1)
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     async with TorchBackend(path=tempfile.mkdtemp(prefix="agent-bench-"), seed=0) as backend:
         model = art.TrainableModel(
             name="bench", project="bench", run_name="agent", base_model=DEFAULT_BASE_MODEL
         )
         await model.register(backend)
-        await timed(model, 1, 4, "constrained")  # warm-up: grammar tables, first prefill
+        if args.libraries:
+            base = next(iter(backend._bases.values()))
+            vocab = base.model.get_output_embeddings().weight.shape[0]
+            result = library_mask_cost(base.tokenizer, vocab, args.repeats)
+            print(json.dumps({"measure": "grammar mask per token", **result}), flush=True)
+        if args.concurrency:
+            await timed(model, 1, 4, "constrained")  # warm-up: grammar tables, first prefill
         for concurrency in args.concurrency:
             result = await ratio(
                 model, concurrency, args.tokens, args.repeats, "constrained", "plain"
@@ -172,6 +244,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--auto-samples", type=int, default=4)
+    parser.add_argument("--libraries", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.compare import ablation, cell
+from art_rlvr.compare import ablation, cell, order
 
 
 def fake_run(root: Path, name: str, config: dict, summary: dict) -> Path:
@@ -15,7 +15,11 @@ def fake_run(root: Path, name: str, config: dict, summary: dict) -> Path:
     path = root / name
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"scenario": "arith", **config}))
-    identity = {"scenario": "arith", "mode": config.get("mode", "rl"), "seed": config.get("seed", 0)}
+    identity = {
+        "scenario": "arith",
+        "mode": config.get("mode", "rl"),
+        "seed": config.get("seed", 0),
+    }
     (path / "summary.json").write_text(json.dumps({**identity, **summary}))
     return path
 
@@ -31,6 +35,12 @@ def fake_run(root: Path, name: str, config: dict, summary: dict) -> Path:
         ({"mode": "ei", "ei": {"enable_teacher_hints": False}}, "EI (no hints)"),
         ({"mode": "ei", "ei": {"enable_teacher_hints": True}}, "EI + teacher hints"),
         ({"mode": "gepa"}, "GEPA (prompt only)"),
+        ({"mode": "eval"}, "baseline (eval)"),
+        ({"mode": "eval", "policy": {"model": None}}, "baseline (eval)"),
+        (
+            {"mode": "eval", "policy": {"model": "openai/gpt-4o-mini"}},
+            "external: openai/gpt-4o-mini",
+        ),
     ],
 )
 def test_ablation_labels(config: dict, expected: str) -> None:
@@ -115,3 +125,35 @@ def test_compare_without_finished_runs_is_an_error(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2 and "not a run folder" in done.stderr
+
+
+def test_external_models_sit_after_the_baseline_and_before_training() -> None:
+    names = ["GEPA+RL", "external: z", "RL-only (fixed prompt)", "baseline (eval)", "external: a"]
+    assert sorted(names, key=order) == [
+        "baseline (eval)",
+        "external: a",
+        "external: z",
+        "RL-only (fixed prompt)",
+        "GEPA+RL",
+    ]
+
+
+def test_pass_at_k_columns_only_for_the_k_runs_report(tmp_path: Path) -> None:
+    runs = [
+        fake_run(tmp_path, "rl", {"mode": "rl"}, {"val_accuracy_after": 0.5}),
+        fake_run(
+            tmp_path,
+            "ext",
+            {"mode": "eval", "policy": {"model": "openai/gpt-4o-mini"}},
+            {"val_accuracy_after": 0.25, "pass_at_k": {"1": 0.25, "8": 0.75}, "cost_usd": 0.0042},
+        ),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "art_rlvr.compare", *map(str, runs)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    header, _, external, rl = done.stdout.strip().splitlines()
+    assert "| test after | pass@1 | pass@8 | rollouts |" in header
+    assert external.startswith("| arith | external: openai/gpt-4o-mini | 0 |")
+    assert "| 0.250 | 0.750 |" in external and "| 0.0042 |" in external
+    assert rl.startswith("| arith | RL-only (fixed prompt) | 0 |") and "| - | - |" in rl

@@ -38,7 +38,7 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
         (["mode=fly"], "bad value for 'mode'"),
         (["learning_rate=abc"], "bad value for 'learning_rate'"),
         (["learning_rate=-1"], "greater than 0"),
-        (["group_size=1"], "greater than or equal to 2"),
+        (["group_size=1"], "group_size must be >= 2 for mode=rl"),
         (["n_batches"], "expected key=value"),
         (["seed=1", "seed=2"], "given twice"),
         (["run_name=../x"], "plain folder name"),
@@ -49,6 +49,16 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
         (["teacher.api_base=http://127.0.0.1:1/v1"], "api_base needs model"),
         (["reflection.bogus=1"], "unknown key 'reflection.bogus'"),
         (["group_size=3", "expert_samples_per_x=4"], "given twice"),
+        (["mode=eval", "eval_samples=4"], "eval_samples=4 with eval_temperature=0"),
+        (["mode=eval", "eval_samples=0"], "bad value for 'eval_samples'"),
+        (
+            ["mode=eval", "eval_samples=2", "eval_temperature=1", "eval_k=1,3"],
+            "every k must be in 1..eval_samples=2",
+        ),
+        (["mode=rl", "policy.model=openai/x"], "it needs mode=eval, not rl"),
+        (["mode=eval", "policy.api_base=http://127.0.0.1:1/v1"], "need policy.model"),
+        (["mode=eval", "policy.api_key=sk-x"], "unknown key 'policy.api_key'"),
+        (["mode=eval", "policy.modle=x"], "did you mean 'policy.model'"),
     ],
 )
 def test_bad_config_is_one_clear_line(argv: list[str], message: str) -> None:
@@ -86,7 +96,10 @@ def test_cli_bad_config_exits_2_without_traceback(args: list[str], message: str,
         (["mode=gepa", "rollouts_per_problem=3"], lambda c: c.gepa.group_size == 3),
         (["mode=ei", "expert_samples_per_x=4"], lambda c: c.ei.group_size == 4),
         (["mode=gepa_rl", "n_rounds=2"], lambda c: c.rounds == 2),
-        (["mode=gepa", "reflection_model=openai/m"], lambda c: c.gepa.reflection.model == "openai/m"),
+        (
+            ["mode=gepa", "reflection_model=openai/m"],
+            lambda c: c.gepa.reflection.model == "openai/m",
+        ),
         (["mode=ei", "teacher_timeout_s=7"], lambda c: c.ei.teacher.timeout_s == 7.0),
     ],
 )
@@ -109,3 +122,32 @@ def test_run_keys_are_handed_down_only_when_given() -> None:
     given = parse_args(["mode=gepa_rl_ei", "group_size=4", "seed=3"])
     assert (given.gepa.group_size, given.ei.group_size) == (4, 4)
     assert (given.gepa.seed, given.ei.seed) == (3, 3)
+
+
+def test_policy_keys_and_pass_at_k_defaults() -> None:
+    cfg = parse_args(
+        [
+            "mode=eval",
+            "policy.model=openai/my-model",
+            "policy.api_base=http://127.0.0.1:8000/v1",
+            "policy.api_key_env=MY_KEY",
+            "policy.max_in_flight=2",
+            "eval_samples=8",
+            "eval_temperature=0.7",
+        ]
+    )
+    assert (cfg.policy.model, cfg.policy.api_key_env, cfg.policy.max_in_flight) == (
+        "openai/my-model",
+        "MY_KEY",
+        2,
+    )
+    assert cfg.pass_ks == (1, 8)
+    assert parse_args(
+        ["mode=eval", "eval_samples=4", "eval_temperature=1", "eval_k=4,2"]
+    ).pass_ks == (
+        2,
+        4,
+    )
+    # the variable's name is what config.json shows (a reader needs it); there is no value
+    assert cfg.public_dump()["policy"]["api_key_env"] == "MY_KEY"
+    assert parse_args([]).policy.model is None

@@ -66,18 +66,23 @@ def teacher_key():
 
 
 def teacher_config(server: ScriptedServer, **overrides: Any) -> EIConfig:
+    role: dict[str, Any] = {
+        "model": "openai/scripted-teacher",
+        "api_base": server.base_url,
+        "api_key_env": "SCRIPTED_TEACHER_KEY",
+        "timeout_s": 2.0,
+        "max_retries": 0,
+        "backoff_s": 0.01,
+        "backoff_max_s": 0.02,
+    }
+    teacher_overrides = {k: v for k, v in overrides.items() if k in role}
     values: dict[str, Any] = {
         "enable_teacher_hints": True,
-        "teacher_model": "openai/scripted-teacher",
-        "teacher_api_base": server.base_url,
-        "teacher_api_key_env": "SCRIPTED_TEACHER_KEY",
-        "teacher_timeout_s": 2.0,
-        "teacher_max_retries": 0,
-        "teacher_backoff_s": 0.01,
-        "teacher_backoff_max_s": 0.02,
+        "teacher": role | teacher_overrides,
         "max_hint_attempts": 3,
     }
-    return EIConfig(**(values | overrides))
+    rest = {k: v for k, v in overrides.items() if k not in role}
+    return EIConfig(**(values | rest))
 
 
 def teacher(cfg: EIConfig):
@@ -103,12 +108,12 @@ async def ask(cfg: EIConfig, answer: str = "17", attempt: str | None = "15"):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["mode=ei", "expert_samples=3"], "did you mean 'expert_samples_per_x'"),
+        (["mode=ei", "scenarios_per_rnd=3"], "did you mean 'scenarios_per_round'"),
         (["mode=ei", "distill=dpo"], "bad value for 'distill'"),
-        (["mode=ei", "expert_samples_per_x=0"], "bad value for 'expert_samples_per_x'"),
+        (["mode=ei", "group_size=0"], "bad value for 'group_size'"),
         (["mode=ei", "max_hint_attempts=0"], "bad value for 'max_hint_attempts'"),
         (["mode=ei", "sft_learning_rate=nan"], "sft_learning_rate"),
-        (["mode=ei", "teacher_api_base=http://127.0.0.1:1"], "teacher_api_base needs"),
+        (["mode=ei", "teacher.api_base=http://127.0.0.1:1"], "api_base needs model"),
     ],
 )
 def test_bad_ei_keys_are_one_line_errors(argv: list[str], message: str) -> None:
@@ -173,7 +178,7 @@ async def test_hint_that_always_leaks_is_dropped_after_max_attempts() -> None:
 @pytest.mark.parametrize("step", [Step.error(500), Step.timeout(3.0)])
 async def test_teacher_error_or_timeout_is_counted_not_raised(step: Step) -> None:
     with ScriptedServer([step]) as server:
-        cfg = teacher_config(server, teacher_timeout_s=0.5)
+        cfg = teacher_config(server, timeout_s=0.5)
         client = teacher(cfg)
         outcome = await obtain_hint(
             client,
@@ -482,15 +487,15 @@ def tiny_run(tmp: Path, server: ScriptedServer, **extra: str) -> list[str]:
         "eval_test": "false",
         "rounds": "1",
         "scenarios_per_round": "5",
-        "expert_samples_per_x": "1",
+        "group_size": "1",
         "hinted_samples_per_x": "3",
         "sft_epochs": "1",
         "enable_teacher_hints": "true",
-        "teacher_model": "openai/scripted-teacher",
-        "teacher_api_base": server.base_url,
-        "teacher_api_key_env": "SCRIPTED_TEACHER_KEY",
-        "teacher_timeout_s": "0.5",
-        "teacher_max_retries": "0",
+        "teacher.model": "openai/scripted-teacher",
+        "teacher.api_base": server.base_url,
+        "teacher.api_key_env": "SCRIPTED_TEACHER_KEY",
+        "teacher.timeout_s": "0.5",
+        "teacher.max_retries": "0",
         "teacher_concurrency": "1",
     } | extra
     return [f"{k}={v}" for k, v in args.items()]
@@ -552,7 +557,12 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
     ctx.files.write_json("state.json", replay.model_dump(mode="json"))
     with ScriptedServer([], default=Step.error(500)) as silent:
         ctx3 = RunContext(cfg2, task, backend, model, RunFiles(tmp_path), time.monotonic())
-        third = await run_ei(ctx3, cfg2.ei.model_copy(update={"teacher_api_base": silent.base_url}))
+        third = await run_ei(
+            ctx3,
+            cfg2.ei.model_copy(
+                update={"teacher": cfg2.ei.teacher.model_copy(update={"api_base": silent.base_url})}
+            ),
+        )
     assert third["steps"] == step + 1
     final = EIState.model_validate_json((tmp_path / "state.json").read_text())
     assert final.pending is None and final.rounds_done == 1
@@ -604,7 +614,7 @@ def test_cli_ei_survives_sigkill_and_resumes(tmp_path: Path) -> None:
         "rounds=3",
         "eval_every_rounds=3",
         "scenarios_per_round=4",
-        "expert_samples_per_x=4",
+        "group_size=4",
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600

@@ -22,7 +22,8 @@ from openai.types.chat.chat_completion_message_function_tool_call import Functio
 from pydantic import BaseModel
 
 from art_rlvr.episodes import EnvStep, EpisodeScore, Turn, run_episode
-from art_rlvr.rollouts import SamplingConfig, rollout_seed
+from art_rlvr.outcome import feedback_of
+from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
 from art_rlvr.tools import as_tools, call_tool, tool
@@ -341,7 +342,7 @@ async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
     assert (m["turns"], m["illegal_moves"], m["won"], m["env_error"], m["score_error"]) == (
         4, 1, 1, 0, 0,
     )  # fmt: skip
-    assert "turn 3: solved in 4" in t.logs and "won" in t.logs
+    assert "turn 3: solved in 4" in t.logs and feedback_of(t) == "won" and "won" not in t.logs
 
 
 def raising_env(turn: Turn, trajectory: art.Trajectory) -> EnvStep:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,45 +326,62 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def read_until(proc: subprocess.Popen, marker: str, timeout: float) -> list[str]:
-    """stdout lines up to and including the first that holds `marker`."""
-    lines: list[str] = []
+def stdout_lines(proc: subprocess.Popen) -> queue.Queue[str | None]:
+    """The process's stdout lines as they come (None at its end), read by a thread: a select
+    on the pipe would miss lines already in the reader's buffer."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def read_until(lines: queue.Queue[str | None], marker: str, timeout: float) -> list[str]:
+    """Lines up to and including the first that holds `marker`."""
+    seen: list[str] = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-            if marker in line:
-                return lines
-    raise AssertionError(f"no {marker!r} from serve within {timeout}s: {lines}")
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if marker in line:
+            return seen
+    raise AssertionError(f"no {marker!r} from serve within {timeout}s: {seen}")
 
 
-def test_serve_answers_the_openai_sdk_and_stops_on_ctrl_c(trained: Trained) -> None:
+def test_serve_answers_the_openai_sdk_and_stops_on_ctrl_c(trained: Trained, tmp_path: Path) -> None:
     port = free_port()
+    log = tmp_path / "serve.err"
     before = tree(trained.run)
     env = {**os.environ, "ART_RLVR_SERVE_KEY": "test-key"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "art_rlvr.serve",
-            str(trained.run),
-            "--step",
-            "1",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    with log.open("w") as err:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "art_rlvr.serve",
+                str(trained.run),
+                "--step",
+                "1",
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        )
     try:
-        lines = read_until(proc, "Ctrl-C", timeout=300)
-        text = "\n".join(lines)
+        output = stdout_lines(proc)
+        text = "\n".join(read_until(output, "Ctrl-C", timeout=600))
         base_url = f"http://127.0.0.1:{port}/v1"
         assert f"base URL  {base_url}" in text and "from $ART_RLVR_SERVE_KEY" in text
         assert "test-key" not in text  # a key from the environment is never echoed
@@ -385,14 +403,13 @@ def test_serve_answers_the_openai_sdk_and_stops_on_ctrl_c(trained: Trained) -> N
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, stderr[-2000:]
-    assert stdout.strip().endswith("stopped")
-    assert "Traceback" not in stderr
+    assert read_until(output, "stopped", timeout=10)[-1] == "stopped"
+    assert "Traceback" not in log.read_text()
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), 2):
         pass
     assert tree(trained.run) == before  # the run folder is only read

@@ -161,6 +161,8 @@ REPLY_SHAPES = [
     ("```\nThe answer is 42.\n```", "stop", RejectionKind.LEAK),
     ("```\n  old. \n```", "stop", RejectionKind.UNCHANGED),
     ("```\nTried   before.\n```", "stop", RejectionKind.REPEAT),
+    # the earlier rejection's reason says "too long": still a repeat
+    ("```\nOverlong before.\n```", "stop", RejectionKind.REPEAT),
 ]
 
 
@@ -168,13 +170,17 @@ REPLY_SHAPES = [
 def test_proposal_check_returns_the_rejection_kind(
     reply: str, finish: str, kind: RejectionKind | None
 ) -> None:
-    """The kind is decided by the check, not read back out of the reason's words: an empty
-    fenced instruction is `empty` (word matching counted it as `no_fenced_prompt`)."""
+    """The kind is decided by the check, not read back out of the reason's words: word matching
+    counted an empty fenced instruction as `no_fenced_prompt`, and a repeat of a too-long
+    proposal as `too_long`."""
     verdict = check_proposal(
         reply,
         finish,
         parents=["Old."],
-        known={"tried before.": "rejected: worse"},
+        known={
+            "tried before.": "rejected: worse",
+            "overlong before.": "rejected: too long: 60 characters, the limit is 50",
+        },
         answers=["42"],
         max_chars=50,
     )

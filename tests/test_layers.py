@@ -19,10 +19,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("entry points", {"run", "compare", "report", "export", "serve", "__main__"}),
     ("config and loops", {"config", "config_reference", "loops"}),
     ("extensions", {"gepa", "ei"}),
-    ("rollouts", {"evaluate", "rollouts", "episodes", "tools"}),
-    ("tasks", {"scenario", "rewards", "sources", "leakage"}),
+    ("rollouts", {"evaluate", "rollouts", "episodes", "tools", "sampling", "policy"}),
+    ("tasks", {"scenario", "rewards", "sources", "leakage", "environments"}),
     ("backend", {"backend"}),
-    ("llm client", {"llm"}),
+    ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),
     ("leaves", {"records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
 ]

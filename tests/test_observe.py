@@ -13,6 +13,7 @@ import pytest
 
 from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.observe.tracing import setup_weave, tracing_active
+from art_rlvr.records import RunSummary
 from art_rlvr.run import summary_lines
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
@@ -70,7 +71,7 @@ def test_summary_lines_name_the_numbers_and_the_alarms(tmp_path: Path) -> None:
         "alarms": [{"kind": "reward_hacking", "step": 8, "message": "possible reward hacking"}],
         "early_stop": {"kind": "early_stop", "step": 8, "message": "no progress; stopping"},
     }
-    text = "\n".join(summary_lines(summary, tmp_path))
+    text = "\n".join(summary_lines(RunSummary.model_validate(summary), tmp_path))
     for expected in ("0.400 -> 0.550", "test acc   0.500", "288", "ALARM", "stopping"):
         assert expected in text
     assert f"python -m art_rlvr.report {tmp_path}" in text

@@ -6,6 +6,7 @@ import torch
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
+from art_rlvr.outcome import feedback_of
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.text import prompt_hash
 
@@ -85,3 +86,44 @@ async def test_max_in_flight_caps_open_requests(task, max_in_flight, first_wave)
     if max_in_flight is not None:
         with pytest.raises(ValueError, match="max_in_flight"):
             await gather_groups(model, task.splits["train"][:1], 2, max_in_flight=0)
+
+
+# ---- the single-turn request, exactly as before ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(max_tokens=16, temperature=0.0, seed=5),
+        SamplingConfig(max_tokens=32, temperature=0.7, top_p=0.9, stop=("\n",)),
+    ],
+)
+async def test_a_single_turn_rollout_sends_the_request_it_always_sent(task, sampling) -> None:
+    """The old `rollout` made one call, inlined here as it was; the episode path must send the
+    same body and keep the same trajectory."""
+    sc = task.splits["val"][3]
+    with ScriptedServer([], default=Step.reply("The answer is 9")) as server:
+        model = art.Model(
+            name="scripted", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        t = await rollout(model, sc, sampling=sampling, metadata={"hint": "none"})
+        extra = {"seed": sampling.seed} if sampling.seed is not None else {}
+        await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(None), messages=sc.messages(),
+            max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, stop=list(sampling.stop) or None, logprobs=True, **extra,
+        )  # fmt: skip
+        new, old = (r.body for r in server.chat_requests)
+    assert new == old  # byte for byte, key for key
+    assert "tools" not in new and "tool_choice" not in new
+    score = await sc.score("The answer is 9")
+    assert t.messages_and_choices[:-1] == sc.messages() and t.tools is None and t.logs == []
+    assert isinstance(t.messages_and_choices[-1], Choice)
+    assert t.reward == score.reward and feedback_of(t) == score.feedback
+    assert t.metrics == {
+        "completion_tokens": t.metrics["completion_tokens"],
+        "truncated": 0.0,
+        **score.metrics,
+    }
+    assert set(t.metadata) == {"scenario_id", "split", "task", "prompt_hash", "hint", "feedback"}

@@ -201,9 +201,8 @@ def test_schedule_ei_phase_keeps_mode_ei_records_and_counts_teacher_errors(tmp_p
             "max_tokens=8",
             "val_limit=2",
             "eval_test=false",
-            "source.ops=[\"*\"]",  # three-digit products: the student fails, so hints are asked for
-            "source.min_value=100",
-            "source.max_value=999",
+            "source.min_value=1000000",  # 7-digit sums: the student fails, so hints are asked for
+            "source.max_value=9999999",
             "enable_teacher_hints=true",
             "teacher.model=openai/scripted",
             f"teacher.api_base={server.base_url}",

@@ -135,33 +135,47 @@ def ours(samples: list[T.Sample]) -> list[tuple]:
     return rows
 
 
+async def truncated_game(model) -> art.Trajectory:
+    """The second request drops the first exchange: its prompt does not extend the first."""
+    trajectory = art.Trajectory(messages_and_choices=[SYSTEM], reward=1.0)
+    trajectory.messages_and_choices += [{"role": "user", "content": MOVES[0]}]
+    trajectory.messages_and_choices.append(await sample(model, trajectory.messages(), 5))
+    second = [SYSTEM, {"role": "user", "content": MOVES[1]}]
+    trajectory.messages_and_choices += [second[1], await sample(model, second, 6)]
+    return trajectory
+
+
+async def game_with_side_history(model) -> art.Trajectory:
+    side = [{"role": "user", "content": "Summarise the game in one word."}]
+    history = LegacyHistory(messages_and_choices=[*side, await sample(model, side, 8)])
+    trajectory = await game(model, 7, MOVES[:2])
+    return trajectory.model_copy(update={"additional_histories": [history]})
+
+
+async def scripted_game(model) -> art.Trajectory:
+    """Sampled turns around a scripted (plain dict) assistant reply."""
+    trajectory = art.Trajectory(
+        messages_and_choices=[SYSTEM, {"role": "user", "content": MOVES[0]}]
+    )
+    trajectory.messages_and_choices.append(await sample(model, trajectory.messages(), 9))
+    trajectory.messages_and_choices += [
+        {"role": "user", "content": MOVES[1]},
+        {"role": "assistant", "content": "Seven."},  # scripted, not sampled: context
+        {"role": "user", "content": MOVES[2]},
+    ]
+    trajectory.messages_and_choices.append(await sample(model, trajectory.messages(), 10))
+    return trajectory
+
+
 async def test_agrees_with_art_tokenizer_on_multi_turn_histories(backend, model, games) -> None:
     """Same sequences, same trained positions, same logprobs and advantages as ART's
     `tokenize_trajectory_groups`, on: append-only games, a history whose second request
     dropped the first exchange (not append-only: ART and we split it), additional histories
     and scripted (plain dict) assistant messages."""
     tok = tokenizer_of(backend)
-    truncated = art.Trajectory(messages_and_choices=[SYSTEM], reward=1.0)
-    truncated.messages_and_choices += [{"role": "user", "content": MOVES[0]}]
-    truncated.messages_and_choices.append(await sample(model, truncated.messages(), 5))
-    second = [SYSTEM, {"role": "user", "content": MOVES[1]}]
-    truncated.messages_and_choices += [second[1], await sample(model, second, 6)]
-    side = [{"role": "user", "content": "Summarise the game in one word."}]
-    with_side = (await game(model, 7, MOVES[:2])).model_copy(
-        update={
-            "additional_histories": [
-                LegacyHistory(messages_and_choices=[*side, await sample(model, side, 8)])
-            ]
-        }
+    truncated, with_side, mixed = await asyncio.gather(
+        truncated_game(model), game_with_side_history(model), scripted_game(model)
     )
-    mixed = art.Trajectory(messages_and_choices=[SYSTEM, {"role": "user", "content": MOVES[0]}])
-    mixed.messages_and_choices.append(await sample(model, mixed.messages(), 9))
-    mixed.messages_and_choices += [
-        {"role": "user", "content": MOVES[1]},
-        {"role": "assistant", "content": "Seven."},  # scripted, not sampled: context
-        {"role": "user", "content": MOVES[2]},
-    ]
-    mixed.messages_and_choices.append(await sample(model, mixed.messages(), 10))
     groups = [games, art.TrajectoryGroup([truncated, with_side, mixed])]
     samples, _ = T.samples_from_groups(groups, tok, scale_rewards=True)
     reference = art_reference(tok, groups)
@@ -209,7 +223,10 @@ async def test_tools_on_a_trajectory_reach_the_trained_prompt(backend, model) ->
     samples, _ = T.samples_from_groups([group], tok, scale_rewards=False)
     rendered = render_ids(tok, messages, TOOLS)
     assert samples[0].prompt_ids == served.model_extra["prompt_token_ids"] == rendered
-    assert samples[1].prompt_ids == rendered and "lookup_weather" in tok.decode(rendered)
+    # ART's Trajectory stores tool dicts with their keys reordered ("function" before "type"),
+    # so the re-rendered prompt is the rendering of `trajectory.tools` as stored.
+    stored = render_ids(tok, messages, group.trajectories[1].tools)
+    assert samples[1].prompt_ids == stored and "lookup_weather" in tok.decode(stored)
 
 
 @pytest.mark.parametrize("turns", ["all", "last"])
@@ -227,9 +244,8 @@ def test_sft_masks_over_tool_call_conversations(backend, turns) -> None:
         {"role": "tool", "tool_call_id": "call_1", "content": "light rain, 4 C"},
         {"role": "assistant", "content": "Rainy, 4 degrees."},
     ]
-    (sample,) = T.sft_samples(
-        [art.Trajectory(messages_and_choices=messages, tools=TOOLS)], tok, assistant_turns=turns
-    )
+    trajectory = art.Trajectory(messages_and_choices=messages, tools=TOOLS)
+    (sample,) = T.sft_samples([trajectory], tok, assistant_turns=turns)
     target = tok.decode([i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
     context = tok.decode(
         [i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m]
@@ -239,7 +255,9 @@ def test_sft_masks_over_tool_call_conversations(backend, turns) -> None:
     assert "light rain" in context and "lookup_weather" in context and "Weather in Oslo" in context
     assert (
         sample.input_ids
-        == render_ids(tok, messages, TOOLS, add_generation_prompt=False)[: len(sample.input_ids)]
+        == render_ids(tok, messages, trajectory.tools, add_generation_prompt=False)[
+            : len(sample.input_ids)
+        ]
     )
 
 

@@ -4,11 +4,14 @@ A trainee's adapter is trained in place and serves its current step; older steps
 lazily from their checkpoints as extra adapters (`step_adapter`), kept while leased, evicted
 least-recently-used beyond a cap.
 
-Checkpoints follow ART's `LocalBackend`: every step writes its adapter weights (so any step can
-be served by name and a restart finds the step it reached), and the optimizer state is written
-only when the trainer asks for a checkpoint (`save_checkpoint=True`). A resumed run therefore
-continues from the newest step's weights with the optimizer state of the newest step that
-saved one (stale Adam moments rather than none; logged when they differ).
+Checkpoints follow ART's `LocalBackend`, the in-process LoRA backend: every step writes its
+adapter weights whatever `save_checkpoint` says (so any step can be served by name, and a run
+restarted after a kill finds the step it reached, as `PipelineTrainer`'s saved state expects),
+and the optimizer state is written only when the trainer asks for a checkpoint. A resumed run
+therefore continues from the newest step's weights with the optimizer state of the newest step
+that saved one (stale Adam moments rather than none; logged when they differ). ART's
+`TinkerNativeBackend` differs: it resumes from its last full training checkpoint and so loses
+the un-saved steps, which would make a restarted `PipelineTrainer` repeat them.
 """
 
 from __future__ import annotations

@@ -5,6 +5,14 @@ It accepts what ART's `model.openai_client()` sends (`return_token_ids`, `nvext`
 `token_ids` per choice, logprobs as `token_id:<n>`), which is what `Trajectory.tokenize` and our
 trainer read. It listens on 127.0.0.1 only, in its own thread with its own event loop, so a
 caller that blocks its loop (a sync reflection call, a notebook cell) cannot stall generation.
+
+Agents get what vLLM with ART's settings (`--enable-auto-tool-choice --tool-call-parser hermes`)
+gives them: `tools` rendered into the prompt (`chat.render_ids`), Hermes `<tool_call>` blocks
+parsed into `tool_calls` with `finish_reason="tool_calls"`; `tool_choice` `none` / `auto` /
+`required` / a named function, the last two (and a JSON `response_format`) by constrained
+decoding, so the call is well formed and its arguments match the schema; `stream=true` as
+server-sent events whose deltas add up to the non-streamed reply, token ids on every chunk.
+vLLM answers `required` with a JSON list instead of Hermes text; the API result is the same.
 """
 
 from __future__ import annotations
@@ -336,14 +344,16 @@ class _ChoiceStream:
     deltas add up to exactly the non-streamed message."""
 
     parse_tools: bool
-    holdback: int
+    stops: list[str]
     tokens: list[int] = field(default_factory=list)
     content: str = ""
     calls: int = 0
 
     def deltas(self, text: str, *, final: bool) -> list[dict[str, Any]]:
-        if not final:
-            text = text[: len(text) - self.holdback].rstrip("\ufffd")
+        if not final:  # the engine cuts at a stop string only after reporting its token
+            cut = min((text.find(s) for s in self.stops if s in text), default=len(text))
+            holdback = max((len(s) for s in self.stops), default=1) - 1
+            text = text[: min(cut, len(text) - holdback)].rstrip("\ufffd")
         content, calls = scan(text, final=final) if self.parse_tools else (text, [])
         out: list[dict[str, Any]] = []
         if len(content) > len(self.content) and content.startswith(self.content):
@@ -378,9 +388,8 @@ async def _sse(
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
-    holdback = max((len(s) for s in stops), default=1) - 1
-    streams = [_ChoiceStream(req.parses_tool_calls, holdback) for _ in range(req.n)]
+    stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
+    streams = [_ChoiceStream(req.parses_tool_calls, stops) for _ in range(req.n)]
     opening = [
         {"index": i, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         for i in range(req.n)

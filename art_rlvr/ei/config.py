@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm import LLMRole, flat_role_aliases, renamed
+from art_rlvr.llm_settings import LLMRole, flat_role_aliases, renamed
 
 TEACHER_DEFAULTS = {"max_tokens": 256}  # a hint is short
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm import LLMRole, flat_role_aliases, renamed
+from art_rlvr.llm_settings import LLMRole, flat_role_aliases, renamed
 
 
 class GEPAConfig(BaseModel):

@@ -17,6 +17,7 @@ from typing import Any
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.optimizer import run_optimizer
 from art_rlvr.gepa.records import HistoryEvent
+from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext
 from art_rlvr.observe.clock import cpu_seconds
 
@@ -46,12 +47,10 @@ def event_metrics(event: HistoryEvent, ctx: RunContext) -> dict[str, Any]:
 async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
     """Optimize the run's system prompt; the seed is `gepa_config.seed_prompt`, else the run's
     `system_prompt`, else the task's default."""
-    seed_prompt = (
-        gepa_config.seed_prompt
-        if gepa_config.seed_prompt is not None
-        else ctx.config.system_prompt
-        if ctx.config.system_prompt is not None
-        else ctx.task.default_system_prompt
+    seed_prompt = choose_seed_prompt(
+        gepa=gepa_config.seed_prompt,
+        run=ctx.config.system_prompt,
+        task_default=ctx.task.default_system_prompt,
     )
     result, reports = await run_optimizer(
         ctx.model,

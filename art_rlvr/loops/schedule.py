@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext, run_eval
 from art_rlvr.loops.rl import spend, train_until
 from art_rlvr.text import excerpt
@@ -45,9 +46,7 @@ class Phase(BaseModel):
         return f"{self.kind}_r{self.round}"
 
 
-def plan(
-    rounds: int, *, gepa: bool, skip_first_gepa: bool, expert_iteration: bool
-) -> list[Phase]:
+def plan(rounds: int, *, gepa: bool, skip_first_gepa: bool, expert_iteration: bool) -> list[Phase]:
     """The schedule, fixed by the config: a pure function, so a resumed run sees the same."""
     phases: list[Phase] = []
     for r in range(rounds):
@@ -61,9 +60,10 @@ def plan(
 
 def initial_prompt(ctx: RunContext) -> str:
     cfg = ctx.config
-    if cfg.gepa.seed_prompt is not None and cfg.mode in ("gepa_rl", "gepa_rl_ei"):
-        return cfg.gepa.seed_prompt
-    return cfg.system_prompt if cfg.system_prompt is not None else ctx.task.default_system_prompt
+    gepa = cfg.gepa.seed_prompt if cfg.mode in ("gepa_rl", "gepa_rl_ei") else None
+    return choose_seed_prompt(
+        gepa=gepa, run=cfg.system_prompt, task_default=ctx.task.default_system_prompt
+    )
 
 
 async def gepa_phase(

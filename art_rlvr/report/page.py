@@ -78,13 +78,17 @@ def config_value(config: dict[str, Any], dotted: str) -> tuple[bool, Any]:
 
 
 def header(run: RunData) -> str:
-    cfg, summary = run.config, run.summary or {}
+    cfg, summary = run.config, run.summary
     title = MODE_TITLES.get(run.mode, run.mode)
-    status = "finished" if run.summary is not None else "unfinished (no summary.json)"
+    status = "unfinished (no summary.json)" if summary is None else "finished"
+    if summary is not None and summary.failed:
+        status = f"failed: {summary.failed}"
+    scenario = summary.scenario if summary is not None else cfg.get("scenario", "?")
+    seed = summary.seed if summary is not None else cfg.get("seed", "?")
     return (
         f"<header><h1>{esc(run.name)}</h1><p class='sub'>{esc(title)} &middot; scenario "
-        f"<b>{esc(summary.get('scenario', cfg.get('scenario', '?')))}</b> &middot; seed "
-        f"<b>{esc(summary.get('seed', cfg.get('seed', '?')))}</b> &middot; {esc(status)} "
+        f"<b>{esc(scenario)}</b> &middot; seed "
+        f"<b>{esc(seed)}</b> &middot; {esc(status)} "
         f"&middot; <code>{esc(run.root)}</code></p></header>"
     )
 

@@ -1,0 +1,29 @@
+"""How a rollout samples, and the seeds that make a rollout reproducible: shared by the
+single-reply `rollout` and the episode loop underneath it."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingConfig(BaseModel):
+    """How a rollout samples; `seed` makes a rollout's sample reproducible on TorchBackend."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(default=48, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+def rollout_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (run seed, step, scenario id, sample index)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+__all__ = ["SamplingConfig", "rollout_seed"]
