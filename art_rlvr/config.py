@@ -385,6 +385,10 @@ def parse_args(argv: list[str]) -> RunConfig:
             if field not in LLMRole.model_fields:
                 raise _unknown(key, fields, owners)
             sub[ROLES[role]].setdefault(role, {})[field] = value
+        elif role in SUBCONFIGS and dot:  # `gepa.group_size=1`: that sub-config only
+            if field not in SUBCONFIGS[role].model_fields:
+                raise _unknown(key, fields, owners)
+            sub[role][field] = value
         elif key in owners:
             for name in owners[key]:
                 sub[name][key] = value
@@ -402,7 +406,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         raise _first_error(error, values) from None
     built: dict[str, BaseModel] = {}
     for name, model in SUBCONFIGS.items():
-        shared = {k: getattr(config, k) for k in model.model_fields if k in values}
+        shared = {
+            k: getattr(config, k) for k in model.model_fields if k in values and k not in sub[name]
+        }
         try:
             built[name] = model.model_validate({**sub[name], **shared})
         except ValidationError as error:

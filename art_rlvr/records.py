@@ -88,15 +88,16 @@ class GepaEvent(_Timed):
     event: Literal["gepa"] = "gepa"
     kind: str
     iteration: int
-    attempt: int = 0
+    attempt: int | None = None  # the reflection attempt; none for the seed and merges
     parents: list[int] = Field(default_factory=list)
     accepted: bool = False
     score_before: float | None = None
     score_after: float | None = None
     pareto_mean: float | None = None
     candidate: int | None = None
-    reason: str = ""
+    reason: str | None = None
     metric_calls: int = 0
+    rejection: str | None = None
     round: int | None = None  # the schedule's round (GEPA + RL)
 
 

@@ -121,6 +121,8 @@ def test_run_keys_are_handed_down_only_when_given() -> None:
     assert (default.group_size, default.gepa.group_size, default.ei.group_size) == (6, 2, 6)
     given = parse_args(["mode=gepa_rl_ei", "group_size=4", "seed=3"])
     assert (given.gepa.group_size, given.ei.group_size) == (4, 4)
+    own = parse_args(["mode=gepa_rl_ei", "group_size=4", "gepa.group_size=1"])
+    assert (own.group_size, own.gepa.group_size, own.ei.group_size) == (4, 1, 4)
     assert (given.gepa.seed, given.ei.seed) == (3, 3)
 
 

@@ -37,17 +37,17 @@ REFLECTOR = [
     "reflection.backoff_s=0.01",
     "pareto_size=4",
     "traces_per_iteration=2",
-    "group_size=1",
+    "gepa.group_size=1",
     "min_improvement_threshold=-1",
 ]
 MODES: dict[str, list[str]] = {
     "rl": ["mode=rl", "n_batches=4", "eval_every=2"],
     "gepa": ["mode=gepa", *REFLECTOR, "max_metric_calls=24", "max_iterations=3",
              "report_val_limit=4"],
-    "ei": ["mode=ei", "rounds=2", "scenarios_per_round=4", "group_size=2",
+    "ei": ["mode=ei", "rounds=2", "scenarios_per_round=4",
            "eval_every_rounds=1"],
     "gepa_rl_ei": ["mode=gepa_rl_ei", *REFLECTOR, "rounds=1", "rl_batches_per_round=2",
-                   "scenarios_per_round=4", "group_size=2", "max_metric_calls=16",
+                   "scenarios_per_round=4", "max_metric_calls=16",
                    "max_iterations=1"],
 }  # fmt: skip
 VOLATILE = {"wall_seconds", "peak_rss_mb", "seconds_per_step_median", "rollouts"}

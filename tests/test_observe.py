@@ -113,11 +113,10 @@ TINY_SCHEDULE = [
     "max_iterations=1",
     "pareto_size=4",
     "traces_per_iteration=2",
-    "group_size=1",
+    "gepa.group_size=1",
     "min_improvement_threshold=-1",
     "report_val_limit=0",
     "scenarios_per_round=2",
-    "group_size=2",
     "enable_teacher_hints=true",
 ]
 

@@ -68,7 +68,7 @@ def schedule_args(server: ScriptedServer, run_dir: Path, *extra: str) -> list[st
         "max_iterations=1",
         "pareto_size=6",
         "traces_per_iteration=2",
-        "group_size=1",
+        "gepa.group_size=1",
         "min_improvement_threshold=-1",  # admit any proposal; the Pareto set picks the best
         "report_val_limit=0",
     ]

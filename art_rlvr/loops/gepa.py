@@ -18,30 +18,31 @@ from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.optimizer import run_optimizer
 from art_rlvr.gepa.records import HistoryEvent
 from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.loops.context import RunContext
+from art_rlvr.loops.context import RunContext, clocks
 from art_rlvr.observe.clock import cpu_seconds
+from art_rlvr.records import GepaEvent
 
 log = logging.getLogger(__name__)
 
 
-def event_metrics(event: HistoryEvent, ctx: RunContext) -> dict[str, Any]:
+def event_metrics(event: HistoryEvent, ctx: RunContext, round: int | None = None) -> GepaEvent:
     """A prompt-history event as a metrics.jsonl line (prompt text stays in the history)."""
-    return {
-        "event": "gepa",
-        "kind": event.kind,
-        "iteration": event.iteration,
-        "attempt": event.attempt,
-        "parents": list(event.parents),
-        "accepted": event.accepted,
-        "score_before": event.score_before,
-        "score_after": event.score_after,
-        "pareto_mean": event.pareto_mean,
-        "candidate": event.candidate,
-        "reason": event.reason,
-        "metric_calls": event.metric_calls,
-        "wall_seconds": time.monotonic() - ctx.started,
-        "cpu_seconds": cpu_seconds() - ctx.cpu_started,
-    }
+    return GepaEvent(
+        kind=event.kind,
+        iteration=event.iteration,
+        attempt=event.attempt,
+        parents=list(event.parents),
+        accepted=event.accepted,
+        score_before=event.score_before,
+        score_after=event.score_after,
+        pareto_mean=event.pareto_mean,
+        candidate=event.candidate,
+        reason=event.reason,
+        metric_calls=event.metric_calls,
+        rejection=event.rejection.value if event.rejection is not None else None,
+        round=round,
+        **clocks(ctx),
+    )
 
 
 async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
@@ -58,7 +59,7 @@ async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
         seed_prompt=seed_prompt,
         config=gepa_config,
         run_dir=ctx.files.root / "gepa",
-        on_event=lambda e: ctx.files.append_metrics(event_metrics(e, ctx)),
+        on_event=lambda e: ctx.files.append_event(event_metrics(e, ctx)),
     )
     for name, prompt in (
         ("val_seed_prompt", result.seed_prompt),

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext, run_eval
 from art_rlvr.loops.rl import spend, train_until
+from art_rlvr.records import PromptChangeEvent
 from art_rlvr.text import excerpt
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,7 @@ async def gepa_phase(
         seed_prompt=old,
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",
-        on_event=lambda e: ctx.files.append_metrics(
-            {**event_metrics(e, ctx), "round": phase.round}
-        ),
+        on_event=lambda e: ctx.files.append_event(event_metrics(e, ctx, phase.round)),
         carry=state.get("frontier", []),
     )
     seed = result.candidates[0]
@@ -112,7 +111,7 @@ async def gepa_phase(
         }
         state["prompt_changes"] = [*state.get("prompt_changes", []), change]
         state["prompt"] = best.prompt
-        ctx.files.append_metrics({"event": "prompt_change", **change})
+        ctx.files.append_event(PromptChangeEvent(**change))
         log.info(
             "round %d: s changed (Pareto mean %.3f -> %.3f)\n  old: %s\n  new: %s",
             phase.round,

@@ -109,7 +109,7 @@ def curves(
 
 def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
     """Where the GRPO signal is: only mixed groups have a non-zero advantage."""
-    rows = [r for r in train if r.groups > 0]
+    rows = [r for r in train if "frac_mixed" in r.model_fields_set]
     if not rows:
         return None
     fig, ax = _figure(3.0)
