@@ -164,7 +164,7 @@ async def sampled_eval(
 ) -> dict[str, Any]:
     """mode=eval with `eval_samples` per val item and pass@k, of the run's own model or an
     external policy (`policy.model`); logged to metrics.jsonl and trajectories/val_<step>."""
-    from art_rlvr.evaluate import evaluate_samples
+    from art_rlvr.evaluation import evaluate_samples
     from art_rlvr.policy import spent
     from art_rlvr.records import EvalEvent
     from art_rlvr.rollouts import SamplingConfig

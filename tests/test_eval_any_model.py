@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.evaluate import mean_pass_at_k, pass_at_k
+from art_rlvr.evaluation import mean_pass_at_k, pass_at_k
 from art_rlvr.records import EvalEvent, RunSummary, parse_events
 from art_rlvr.scenario import load_task
 from art_rlvr.testing.scripted_server import Recorded, ScriptedServer, Step

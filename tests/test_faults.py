@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from art_rlvr.config import parse_args
-from art_rlvr.evaluate import evaluate
+from art_rlvr.evaluation import evaluate
 from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.outcome import feedback_of

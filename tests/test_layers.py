@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("entry points", {"run", "compare", "report", "export", "serve", "__main__"}),
     ("config and loops", {"config", "config_reference", "loops"}),
     ("extensions", {"gepa", "ei"}),
-    ("rollouts", {"evaluate", "rollouts", "episodes", "tools", "sampling", "policy"}),
+    ("rollouts", {"evaluation", "rollouts", "episodes", "tools", "sampling", "policy"}),
     ("tasks", {"scenario", "rewards", "sources", "leakage", "environments"}),
     ("backend", {"backend"}),
     ("llm client", {"llm", "llm_settings"}),

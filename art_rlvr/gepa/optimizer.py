@@ -36,7 +36,7 @@ from pathlib import Path
 
 import art
 
-from art_rlvr.evaluate import EvalReport, evaluate
+from art_rlvr.evaluation import EvalReport, evaluate
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.pareto import frontier_indices

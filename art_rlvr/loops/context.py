@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import art
 
-from art_rlvr.evaluate import EvalReport, evaluate
+from art_rlvr.evaluation import EvalReport, evaluate
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.outcome import is_correct
 from art_rlvr.records import EvalEvent
