@@ -8,35 +8,28 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from art_rlvr.backend.chat_templates import resolve_chat_template
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.selection import BackendName
+from art_rlvr.config_keys import (
+    ROLES,
+    RUN_RENAMED,
+    ConfigError,
+    canonical,
+    coerce_source_value,
+    first_error,
+    mask_secrets,
+)
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import LLMRole, renamed
 from art_rlvr.policy import PolicyRole
-
-# a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
-# (the name of an environment variable, which is what a reader needs to see)
-SECRET_NAME = re.compile(r"(key|secret|password|token)$", re.IGNORECASE)
-
-
-# one name per concept; the old names still work and warn
-RUN_RENAMED = {"n_rounds": "rounds"}
-SUB_RENAMED = {"rollouts_per_problem": "group_size", "expert_samples_per_x": "group_size"}
-# an LLM role's keys on the command line: `reflection.model=...` (GEPA), `teacher.model=...` (EI)
-ROLES = {"reflection": "gepa", "teacher": "ei"}
-
-
-class ConfigError(ValueError):
-    """A bad run configuration, phrased for the command line."""
-
+from art_rlvr.scenario import MixtureEntry, parse_mixture
 
 # One line per mode, for the log and the report's title.
 MODE_TITLES = {
@@ -55,7 +48,9 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     scenario: str = Field(
-        default="arith", description="a built-in scenario name or a path to a scenario .toml"
+        default="arith",
+        description="a built-in scenario name or a .toml path; several with optional weights "
+        "(arith:2,gsm8k:1) train on a seeded mixture (mode=eval|rl) and are scored apart",
     )
     mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"] = Field(
         default="rl", description="eval, rl, gepa, ei, gepa_rl or gepa_rl_ei (see the mode table)"
@@ -84,6 +79,11 @@ class RunConfig(BaseModel):
     project: str = Field(default="art-rlvr", description="ART's project name for the model")
     system_prompt: str | None = Field(
         default=None, description="the system prompt s; default the scenario's"
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="plain (System:/User:/Assistant: turns, for base models), chatml, a Jinja "
+        "string or a template file; replaces the tokenizer's (kept as text in config.json)",
     )
     source_overrides: dict[str, Any] = Field(default_factory=dict)
 
@@ -206,6 +206,17 @@ class RunConfig(BaseModel):
             )
         return self
 
+    @field_validator("scenario")
+    @classmethod
+    def _mixture(cls, value: str) -> str:
+        parse_mixture(value)
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        return None if value is None else resolve_chat_template(value)
+
     @field_validator("weave_project")
     @classmethod
     def _project_name(cls, value: str | None) -> str | None:
@@ -234,6 +245,15 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"policy.model evaluates an external model: it needs mode=eval, not {self.mode}"
             )
+        if self.policy.model is not None and self.chat_template is not None:
+            raise ValueError("chat_template applies to the run's own model, not to policy.model")
+        if len(self.mixture) > 1 and (
+            self.mode not in ("eval", "rl") or self.with_expert_iteration
+        ):
+            raise ValueError(
+                f"scenario={self.scenario}: a mixture runs with mode=eval or mode=rl; GEPA and "
+                "expert iteration work on one scenario"
+            )
         if n > 1 and self.eval_temperature == 0.0:
             raise ValueError(
                 f"eval_samples={n} with eval_temperature=0 samples one greedy reply {n} times; "
@@ -249,12 +269,17 @@ class RunConfig(BaseModel):
         return tuple(sorted(set(self.eval_k or (1, self.eval_samples))))
 
     @property
+    def mixture(self) -> tuple[MixtureEntry, ...]:
+        return parse_mixture(self.scenario)
+
+    @property
     def with_expert_iteration(self) -> bool:
         return self.mode in ("ei", "gepa_rl_ei") or self.enable_expert_iteration
 
     @property
     def name(self) -> str:
-        return self.run_name or f"{Path(self.scenario).stem}-{self.mode}-s{self.seed}"
+        scenarios = "+".join(Path(e.name).stem for e in self.mixture)
+        return self.run_name or f"{scenarios}-{self.mode}-s{self.seed}"
 
     @property
     def directory(self) -> Path:
@@ -268,25 +293,6 @@ class RunConfig(BaseModel):
             if self.mode not in modes and not (name == "ei" and self.with_expert_iteration)
         }
         return mask_secrets(json.loads(self.model_dump_json(exclude=unused)))
-
-
-def mask_secrets(data: Any) -> Any:
-    """`***` for every non-empty value whose key names a secret, at any depth."""
-    if isinstance(data, dict):
-        return {
-            k: "***" if SECRET_NAME.search(str(k)) and v else mask_secrets(v)
-            for k, v in data.items()
-        }
-    if isinstance(data, list):
-        return [mask_secrets(v) for v in data]
-    return data
-
-
-def _coerce_source_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return [part.strip() for part in raw.split(",")] if "," in raw else raw
 
 
 # Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
@@ -308,29 +314,6 @@ def _subconfig_keys() -> dict[str, list[str]]:
             if key not in RunConfig.model_fields and key not in ROLES:
                 owners.setdefault(key, []).append(name)
     return owners
-
-
-def _first_error(error: ValidationError, values: dict[str, Any], prefix: str = "") -> ConfigError:
-    first = error.errors()[0]
-    if not first["loc"]:  # a check across keys (model_validator): its message says it all
-        return ConfigError(first["msg"].removeprefix("Value error, "))
-    key = ".".join(str(p) for p in first["loc"]) or "config"
-    allowed = first.get("ctx", {}).get("expected")
-    extra = f" (expected {allowed})" if allowed else ""
-    given = values.get(str(first["loc"][0])) if first["loc"] else None
-    return ConfigError(f"bad value for {prefix}{key!r}: {given!r}: {first['msg']}{extra}")
-
-
-def _canonical(key: str) -> str:
-    """The current name of a key given under an old one (warned once per use)."""
-    prefix, dot, field = key.partition("_")
-    if prefix in ROLES and dot and field in LLMRole.model_fields:
-        new = f"{prefix}.{field}"
-    else:
-        new = RUN_RENAMED.get(key) or SUB_RENAMED.get(key) or key
-    if new != key:
-        warnings.warn(f"{key} is deprecated, use {new}", FutureWarning, stacklevel=3)
-    return new
 
 
 def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
@@ -369,14 +352,14 @@ def parse_args(argv: list[str]) -> RunConfig:
         given = given.strip()
         if not sep or not given:
             raise ConfigError(f"expected key=value, got {word!r}")
-        key = _canonical(given)
+        key = canonical(given)
         if key in seen:
             raise ConfigError(f"key {given!r} given twice")
         seen.add(key)
         value = None if raw.lower() in ("none", "null") else raw
         role, dot, field = key.partition(".")
         if role == "source" and dot:
-            source[field] = _coerce_source_value(raw)
+            source[field] = coerce_source_value(raw)
         elif role == "policy" and dot:
             if field not in PolicyRole.model_fields:
                 raise _unknown(key, fields, owners)
@@ -403,7 +386,7 @@ def parse_args(argv: list[str]) -> RunConfig:
     try:
         config = RunConfig.model_validate(values)
     except ValidationError as error:
-        raise _first_error(error, values) from None
+        raise first_error(error, values) from None
     built: dict[str, BaseModel] = {}
     for name, model in SUBCONFIGS.items():
         shared = {
@@ -412,8 +395,8 @@ def parse_args(argv: list[str]) -> RunConfig:
         try:
             built[name] = model.model_validate({**sub[name], **shared})
         except ValidationError as error:
-            raise _first_error(error, sub[name]) from None
+            raise first_error(error, sub[name]) from None
     return config.model_copy(update=built)
 
 
-_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit", "eval_k"}
+_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit", "eval_k", "chat_template"}

@@ -8,7 +8,8 @@ import json
 
 from pydantic import BaseModel
 
-from art_rlvr.config import _INTERNAL, RUN_RENAMED, SUB_RENAMED, RunConfig
+from art_rlvr.config import _INTERNAL, RunConfig
+from art_rlvr.config_keys import RUN_RENAMED, SUB_RENAMED
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import LLMRole

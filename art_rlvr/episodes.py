@@ -28,6 +28,7 @@ import art
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_rlvr.environments.base import Reply
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome
 from art_rlvr.sampling import SamplingConfig, rollout_seed
@@ -61,19 +62,6 @@ class Turn(BaseModel):
         return self.choice.message.content or ""
 
 
-class EnvStep(BaseModel):
-    """An environment's answer to a turn: messages to append (feedback, an observation, the
-    opponent's move), whether the episode is over, metrics for this turn (summed over the
-    episode: `illegal_moves`, say) and a line for the logs."""
-
-    model_config = ConfigDict(frozen=True)
-
-    messages: tuple[dict[str, Any], ...] = ()
-    done: bool = False
-    metrics: dict[str, float] = Field(default_factory=dict)
-    log: str | None = None
-
-
 class EpisodeScore(BaseModel):
     """A scoring callback's verdict: reward, metrics and feedback (for the logs and GEPA)."""
 
@@ -84,9 +72,10 @@ class EpisodeScore(BaseModel):
     feedback: str = ""
 
 
-# An environment gets the turn and the trajectory so far; it returns an EnvStep, a str (one
-# user message) or None (nothing to add), directly or as an awaitable.
-Environment = Callable[[Turn, art.Trajectory], EnvStep | str | Awaitable[Any] | None]
+# An environment gets the turn and the trajectory so far; it returns a `Reply` (the one model of
+# an environment's answer, shared with scenario environments), a str (one user message) or None
+# (nothing to add), directly or as an awaitable.
+Environment = Callable[[Turn, art.Trajectory], Reply | str | Awaitable[Any] | None]
 Scorer = Callable[[art.Trajectory], EpisodeScore | float | Awaitable[Any]]
 
 
@@ -96,15 +85,15 @@ def failure(error: CallbackError) -> str:
     return str(error) if same else f"{error}\n{error.detail}"
 
 
-def env_step(value: Any) -> EnvStep:
-    """An environment's return value as an `EnvStep` (a str is one user message)."""
+def env_reply(value: Any) -> Reply:
+    """An environment's return value as a `Reply` (a str is one user message)."""
     if value is None:
-        return EnvStep()
+        return Reply()
     if isinstance(value, str):
-        return EnvStep(messages=({"role": "user", "content": value},))
-    if isinstance(value, EnvStep):
+        return Reply.say(value)
+    if isinstance(value, Reply):
         return value
-    raise TypeError(f"an environment returns EnvStep, str or None, not {type(value).__name__}")
+    raise TypeError(f"an environment returns Reply, str or None, not {type(value).__name__}")
 
 
 def episode_score(value: Any) -> EpisodeScore:
@@ -200,15 +189,16 @@ async def sample_turn(
     return response.choices[0], response.usage.completion_tokens if response.usage else 0
 
 
+@tracing.op("art_rlvr.env", inputs=tracing.env_inputs, output=tracing.env_output)
 async def ask_env(
     env: Environment, turn: Turn, trajectory: art.Trajectory, timeout_s: float
-) -> EnvStep:
+) -> Reply:
     """The environment's answer; raises `CallbackError` if it fails or answers nonsense."""
     value = await guarded(
         env, (turn, trajectory), timeout_s=timeout_s, what="environment", detail_chars=LOG_CHARS
     )
     try:
-        return env_step(value)
+        return env_reply(value)
     except TypeError as error:
         raise CallbackError(str(error)) from None
 
@@ -284,7 +274,7 @@ async def run_episode(
         results.extend(turn_results)
         if calls and reset_tool_choice:
             choice_param = None
-        reply = EnvStep()
+        reply = Reply()
         if env is not None:
             turn = Turn(index=index, choice=choice, tool_results=tuple(turn_results))
             try:
@@ -331,9 +321,9 @@ __all__ = [
     "DEFAULT_CALLBACK_TIMEOUT_S",
     "DEFAULT_MAX_TURNS",
     "CallbackError",
-    "EnvStep",
     "Environment",
     "EpisodeScore",
+    "Reply",
     "Scorer",
     "Turn",
     "ask_env",

@@ -3,9 +3,10 @@
 A run keeps its weights as LoRA checkpoints in ART's layout (`.art/<project>/models/<name>/
 checkpoints/<step>/`). Other tools want one plain Hugging Face folder, so this merges the chosen
 adapter into the base weights and writes safetensors, config (dtype recorded), tokenizer, chat
-template and generation config: `AutoModelForCausalLM` / `AutoTokenizer` load it and vLLM
-serves it, with no custom code. The default step is the one with the best recorded val
-accuracy; `art_rlvr_export.json` says which step, why, and the system prompt it was scored with.
+template (the run's `chat_template` setting, else the base tokenizer's) and generation config:
+`AutoModelForCausalLM` / `AutoTokenizer` load it and vLLM serves it, with no custom code. The
+default step is the one with the best recorded val accuracy; `art_rlvr_export.json` says which
+step, why, and the system prompt it was scored with.
 
 Runs of every mode and of the torch and local backends have such checkpoints; serverless and
 tinker runs keep their weights on the provider's side, which the error says.
@@ -69,6 +70,7 @@ class Checkpoint(BaseModel):
     reason: str
     val_accuracy: float | None = None
     system_prompt: str | None = None
+    chat_template: str | None = None  # the run's `chat_template` (text); None: the tokenizer's
 
     @property
     def folder(self) -> Path:
@@ -220,6 +222,7 @@ def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
         reason=reason,
         val_accuracy=best.accuracy if best else None,
         system_prompt=prompt,
+        chat_template=config.get("chat_template") or None,
     )
     missing = [name for name in ADAPTER_FILES if not (checkpoint.folder / name).is_file()]
     if missing:
@@ -305,6 +308,8 @@ def merged_model(checkpoint: Checkpoint) -> tuple[Any, Any]:
         raise ExportError(
             f"cannot load base model {checkpoint.base_model!r}: {first_line(error)}"
         ) from None
+    if checkpoint.chat_template is not None:  # the run's template: the exported one renders
+        tokenizer.chat_template = checkpoint.chat_template  # as the run served and trained
     peft = PeftModel.from_pretrained(base, str(checkpoint.folder), is_trainable=False)
     return peft.merge_and_unload(), tokenizer
 
@@ -343,6 +348,9 @@ def export(
         "base_model": checkpoint.base_model,
         "dtype": str(target).removeprefix("torch."),
         "chat_template": bool(tokenizer.chat_template),
+        "chat_template_from": "the run's chat_template setting"
+        if checkpoint.chat_template is not None
+        else "the base model's tokenizer",
         "lora": {k: adapter.get(k) for k in ("r", "lora_alpha", "target_modules")},
         "versions": {p: _package_version(p) for p in ("art-rlvr", "transformers", "peft", "torch")},
     }

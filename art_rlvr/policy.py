@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import art
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    import art
 
 
 class PolicyError(ValueError):
@@ -175,6 +177,8 @@ class LiteLLMPolicy:
 
 def external_model(role: PolicyRole, *, project: str) -> art.Model | LiteLLMPolicy:
     """The policy to roll out: ART's `art.Model` for a base URL, else litellm's adapter."""
+    import art  # here, not at the top: the config imports this module and must stay light
+
     if role.model is None:
         raise PolicyError("no external policy: set policy.model")
     key = read_key(role)

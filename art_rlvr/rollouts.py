@@ -21,8 +21,7 @@ from typing import Any
 
 import art
 
-from art_rlvr.environments import Reply
-from art_rlvr.episodes import EnvStep, Turn, failure, run_episode
+from art_rlvr.episodes import Turn, failure, run_episode
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome, completion_text, turns
 from art_rlvr.rewards import Score
@@ -32,24 +31,19 @@ from art_rlvr.text import prompt_hash
 from art_rlvr.tools import CallbackError, guarded, tool
 
 
-def as_env_step(value: Any) -> Any:
-    """An environment's `Reply` as the episode loop's `EnvStep`; str and None pass as they
-    are, anything else is left for the loop to refuse (the episode ends, with the reason)."""
-    return EnvStep(**value.model_dump()) if isinstance(value, Reply) else value
-
-
 def answerer(respond: Callable[[list[dict[str, Any]]], Any]) -> Callable[..., Any]:
     """The episode loop's environment callback for `respond(episode so far)`: sync stays sync
-    (the loop runs it in a thread of its own), async stays async."""
+    (the loop runs it in a thread of its own), async stays async. Both speak `Reply`, so its
+    answer passes as it is (anything else is for the loop to refuse, ending the episode)."""
     if inspect.iscoroutinefunction(respond):
 
         async def answer_async(turn: Turn, trajectory: art.Trajectory) -> Any:
-            return as_env_step(await respond(turns(trajectory)))
+            return await respond(turns(trajectory))
 
         return answer_async
 
     def answer(turn: Turn, trajectory: art.Trajectory) -> Any:
-        return as_env_step(respond(turns(trajectory)))
+        return respond(turns(trajectory))
 
     return answer
 

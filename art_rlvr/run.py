@@ -15,14 +15,16 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
+from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
+from art_rlvr.backend.model_source import declares_chat_template
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.policy import PolicyError, read_key
-from art_rlvr.records import RolloutsFailed, RunSummary
+from art_rlvr.records import EvalEvent, RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
-from art_rlvr.scenario import Task, load_task
+from art_rlvr.scenario import Mixture, Task, load_scenarios
 from art_rlvr.sources import ScenarioFileError
 
 if TYPE_CHECKING:
@@ -51,11 +53,13 @@ def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def prepare(cfg: RunConfig) -> tuple[Task, RunFiles]:
+def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports."""
-    task = load_task(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    task = load_scenarios(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
     if cfg.policy.model is None:
         check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
+        if cfg.chat_template is None and declares_chat_template(cfg.base_model) is False:
+            raise ChatTemplateError(missing_template(cfg.base_model))
     else:
         read_key(cfg.policy)  # an external policy's key variable: before any folder or request
     files = RunFiles(cfg.directory)
@@ -98,9 +102,7 @@ async def run_mode(ctx: RunContext) -> dict[str, Any]:
     return await run_rl(ctx)
 
 
-async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
-    import art
-
+async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunSummary:
     from art_rlvr.loops.context import RunContext
 
     setup_logging(cfg, files)
@@ -134,9 +136,7 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
                 lora_rank=cfg.lora_rank,
                 base_model=cfg.base_model,
             )
-            model = art.TrainableModel(
-                name=cfg.name, project=cfg.project, run_name=cfg.name, base_model=cfg.base_model
-            )
+            model = trainable_model(cfg.name, cfg.project, cfg.base_model, cfg.chat_template)
             await model.register(backend)
             ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
             result = await run_mode(ctx)
@@ -156,7 +156,7 @@ async def execute(cfg: RunConfig, task: Task, files: RunFiles) -> RunSummary:
 
 async def sampled_eval(
     cfg: RunConfig,
-    task: Task,
+    task: Task | Mixture,
     files: RunFiles,
     model: Any,
     started: float,
@@ -165,12 +165,11 @@ async def sampled_eval(
     """mode=eval with `eval_samples` per val item and pass@k, of the run's own model or an
     external policy (`policy.model`); logged to metrics.jsonl and trajectories/val_<step>."""
     from art_rlvr.evaluation import evaluate_samples
+    from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
     from art_rlvr.policy import spent
-    from art_rlvr.records import EvalEvent
     from art_rlvr.rollouts import SamplingConfig
 
-    val = task.splits["val"]
-    scenarios = val[: cfg.val_limit] if cfg.val_limit else val
+    scenarios = task.held_out("val", cfg.val_limit)
     external = cfg.policy.model is not None
     step = 0 if external else await model.get_step()
     report = await evaluate_samples(
@@ -185,32 +184,24 @@ async def sampled_eval(
     )
     usage = spent(model)
     cost = usage.cost_usd if usage is not None else None
-    log.info("%s %s, cost %s", cfg.policy.label, report.line(), _usd(cost) or "unknown")
-    files.append_event(
-        EvalEvent(
-            split="val",
-            step=step,
-            accuracy=report.pass_at[1],
-            reward_mean=report.mean_reward,
-            format=report.format_rate,
-            tokens_per_completion=report.mean_completion_tokens,
-            errors=report.errors,
-            first_error=report.first_error,
-            samples=report.samples,
-            pass_at=report.pass_at,
-            policy=cfg.policy.model,
-            completion_tokens=report.completion_tokens,
-            cost_usd=cost,
-            wall_seconds=time.monotonic() - started,
-            cpu_seconds=cpu_seconds() - cpu_started,
-        )
+    event = eval_event(
+        report,
+        step,
+        scenarios=by_scenario(scenarios, report.groups, report.samples),
+        policy=cfg.policy.model,
+        cost_usd=cost,
+        wall_seconds=time.monotonic() - started,
+        cpu_seconds=cpu_seconds() - cpu_started,
     )
+    line = f"{report.line()}{scenario_line(event.by_scenario)}"
+    log.info("%s %s, cost %s", cfg.policy.label, line, _usd(cost) or "unknown")
+    files.append_event(event)
     files.write_trajectories(f"val_{step:04d}", report.groups)
     if not external:  # ART's history lives with the run's own (trainable) model
         await model.log(report.groups, split="val", step=step)
     return {
-        "val_accuracy_before": report.pass_at[1],
-        "val_accuracy_after": report.pass_at[1],
+        "val_accuracy_before": event.accuracy,
+        "val_accuracy_after": event.accuracy,
         "steps": step,
         "rollouts": report.items * report.samples,
         "policy": cfg.policy.model,
@@ -228,7 +219,7 @@ def _usd(cost: float | None) -> str | None:
 def write_summary(
     files: RunFiles,
     cfg: RunConfig,
-    task: Task,
+    task: Task | Mixture,
     result: dict[str, Any],
     started: float,
     prior: dict[str, Any],
@@ -241,6 +232,7 @@ def write_summary(
     summary = RunSummary.model_validate(
         {
             **result,
+            **mixture_summary(cfg, files.events()),
             "mode": cfg.mode,
             "scenario": task.name,
             "seed": cfg.seed,
@@ -251,6 +243,22 @@ def write_summary(
     )
     files.write_json("summary.json", summary.model_dump(mode="json"))
     return summary
+
+
+def mixture_summary(cfg: RunConfig, events: list[Any]) -> dict[str, Any]:
+    """A mixture's weights and per-scenario accuracies: the first and the last val evaluation
+    (of the run's weights, untagged) and the last test one; {} for one scenario."""
+    if len(cfg.mixture) < 2:
+        return {}
+    evals = [e for e in events if isinstance(e, EvalEvent) and e.by_scenario and not e.tag]
+    val = sorted((e for e in evals if e.split == "val"), key=lambda e: e.step)
+    test = [e for e in evals if e.split == "test"]
+    return {
+        "mixture": {e.name: e.weight for e in cfg.mixture},
+        "val_by_scenario_before": val[0].by_scenario if val else None,
+        "val_by_scenario_after": val[-1].by_scenario if val else None,
+        "test_by_scenario_after": test[-1].by_scenario if test else None,
+    }
 
 
 def _package_version(name: str) -> str:
@@ -282,6 +290,7 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
             else None,
         ),
         ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
+        *scenario_rows(s),
         ("test acc", f"{test:.3f}" if test is not None else None),
         ("steps", s.steps),
         ("rollouts", s.rollouts),
@@ -300,6 +309,19 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     return lines
 
 
+def scenario_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """A mixture's val accuracy per scenario (before -> after; test too), under the overall
+    line, which is their mean."""
+    before, after = s.val_by_scenario_before or {}, s.val_by_scenario_after or {}
+    test = s.test_by_scenario_after or {}
+    rows = [("scenarios", f"{len(after)}; val acc is the mean of theirs:")] if after else []
+    for name, last in after.items():
+        first = f"{before[name]:.3f} -> " if name in before else ""
+        tail = f", test {test[name]:.3f}" if name in test else ""
+        rows.append(("", f"{name} {first}{last:.3f}{tail}"))
+    return rows
+
+
 def _calls(calls: int | None, errors: int | None) -> str | None:
     return None if calls is None else f"{calls} call(s), {errors or 0} error(s)"
 
@@ -311,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(execute(cfg, task, files))
     except (
         ConfigError,
+        ChatTemplateError,
         PolicyError,
         ScenarioFileError,
         StateFileError,

@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ValidationError
+
 from art_rlvr.outcome import as_message, completion_text, feedback_of, is_correct, is_sampled
 from art_rlvr.records import Event, _Event, parse_events
 
@@ -77,15 +79,26 @@ class RunFiles:
                 f"{path} is corrupt ({error}); move it away to start over, or restore it"
             ) from None
 
-    def read_state(self, name: str, keys: set[str], kind: str) -> dict[str, Any] | None:
-        """A state dict, or None when absent; valid JSON of another shape (another mode's
-        run, a hand-edited file) is a clear error, not a KeyError deep in a loop."""
+    def read_state[S: BaseModel](self, name: str, model: type[S], kind: str) -> S | None:
+        """A state file through its model, or None when absent; JSON of another shape (another
+        mode's run, a run of an older version, a hand-edited file) is a clear error naming the
+        file, not a KeyError deep in a loop."""
         data = self.read_json(name)
-        if data is not None and not (isinstance(data, dict) and keys <= data.keys()):
+        if data is None:
+            return None
+        try:
+            return model.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "the file"
             raise StateFileError(
-                f"{self.root / name} is not {kind} state (another mode's run?); use a new run_dir"
-            )
-        return data
+                f"{self.root / name} is not {kind} state ({where}: {first['msg']}; another "
+                "mode's run, or an older version's?); use a new run_dir"
+            ) from None
+
+    def write_state(self, name: str, state: BaseModel) -> None:
+        """A state model, atomically (the file a resume reads back through the same model)."""
+        self.write_json(name, state.model_dump(mode="json"))
 
     def append_event(self, event: _Event) -> None:
         """One typed event (art_rlvr.records) as a line of metrics.jsonl."""
@@ -132,9 +145,12 @@ class RunFiles:
 
 def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
     """A readable record of one trajectory: every message before the last sampled turn, that
-    turn's text as `completion`, reward, feedback, metrics and logs."""
+    turn's text as `completion`, reward, feedback, metrics and logs. When that turn called tools
+    or messages follow it (a turn cap hit mid-call, an environment's last word), `tail` holds
+    that turn as a message and everything after it, so no part of an episode is lost."""
     items = list(t.messages_and_choices)
     last = max((i for i, item in enumerate(items) if is_sampled(item)), default=len(items))
+    tail = [as_message(item) for item in items[last:]]
     return {
         "scenario_id": t.metadata.get("scenario_id"),
         "prompt_hash": t.metadata.get("prompt_hash"),
@@ -145,4 +161,5 @@ def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
         "feedback": feedback_of(t),
         "metrics": dict(t.metrics),
         "logs": list(t.logs),
+        **({"tail": tail} if tail[1:] or (tail and "tool_calls" in tail[0]) else {}),
     }

@@ -45,8 +45,7 @@ def stage(checkpoint: Checkpoint, art_path: Path) -> None:
 
 async def load(checkpoint: Checkpoint, art_path: Path) -> TorchBackend:
     """A TorchBackend holding the checkpoint, with the LoRA shape the checkpoint was saved in."""
-    import art
-
+    from art_rlvr.backend.chat_templates import trainable_model
     from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
 
     adapter = checkpoint.adapter_config()
@@ -58,11 +57,8 @@ async def load(checkpoint: Checkpoint, art_path: Path) -> TorchBackend:
         target_modules=(modules,) if isinstance(modules, str) else tuple(sorted(modules)),
     )
     backend = TorchBackend(path=art_path, lora=lora)
-    model = art.TrainableModel(
-        name=checkpoint.name,
-        project=checkpoint.project,
-        run_name=checkpoint.name,
-        base_model=checkpoint.base_model,
+    model = trainable_model(
+        checkpoint.name, checkpoint.project, checkpoint.base_model, checkpoint.chat_template
     )
     await backend.register(model)  # the backend's own server is not started: we bind ours
     return backend

@@ -2,6 +2,7 @@
 recovered, is anything trained on free of hints and leaked answers, and what hint reliance?
 
 usage: uv run python benchmarks/ei_scripted_teacher.py [RUN_DIR] [key=value ...]
+       (scenario=arith_retry: multi-turn episodes; every turn of every distilled one is checked)
 
 The teacher is a `ScriptedServer` (a real OpenAI-compatible HTTP server on 127.0.0.1, called
 through litellm) that answers the first request with a reply that leaks every possible answer (refused, asked
@@ -32,33 +33,35 @@ def main(run_dir: Path, extra: list[str]) -> dict:
     from art_rlvr.testing import ScriptedServer, Step
 
     os.environ["SCRIPTED_TEACHER_KEY"] = "sk-scripted-teacher"
+    scenario = next((a.split("=", 1)[1] for a in extra if a.startswith("scenario=")), "arith")
     # first a reply that names every possible arith answer (0..40), which must be refused and
     # regenerated, then the hints in turn
     leak = "It is one of " + ", ".join(str(i) for i in range(41)) + "."
     steps = [Step.reply(leak)] + [Step.reply(h) for h in HINTS] * 200
     with ScriptedServer(steps, default=Step.reply(HINTS[0])) as server:
-        argv = [
-            "scenario=arith",
-            "mode=ei",
-            "seed=0",
-            f"run_dir={run_dir}",
-            "enable_teacher_hints=true",
-            "teacher_model=openai/scripted-teacher",
-            f"teacher_api_base={server.base_url}",
-            "teacher_api_key_env=SCRIPTED_TEACHER_KEY",
-            "rounds=2",
-            "scenarios_per_round=16",
-            "expert_samples_per_x=2",
-            "hinted_samples_per_x=4",
-            "val_limit=50",
-            "eval_test=false",
-            *extra,
-        ]
+        defaults = {
+            "scenario": scenario,
+            "mode": "ei",
+            "seed": "0",
+            "run_dir": str(run_dir),
+            "enable_teacher_hints": "true",
+            "teacher_model": "openai/scripted-teacher",
+            "teacher_api_base": server.base_url,
+            "teacher_api_key_env": "SCRIPTED_TEACHER_KEY",
+            "rounds": "2",
+            "scenarios_per_round": "16",
+            "expert_samples_per_x": "2",
+            "hinted_samples_per_x": "4",
+            "val_limit": "50",
+            "eval_test": "false",
+        }
+        given = dict(a.split("=", 1) for a in extra)  # key=value arguments override these
+        argv = [f"{k}={v}" for k, v in (defaults | given).items()]
         code = run_main(argv)
         teacher_requests = len(server.chat_requests)
     if code != 0:
         raise SystemExit(code)
-    task = load_task("arith", seed=0)
+    task = load_task(scenario, seed=0)
     by_id = {sc.id: sc for sc in task.splits["train"]}
     hint_texts: set[str] = set()
     examples = []
@@ -73,14 +76,15 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         for h in buffer.hints:
             if h.hint and leaks(h.hint, by_id[h.scenario_id].x["answer"]):
                 accepted_hints_leaking += 1
-    from art_rlvr.ei.relabel import hint_leaks, relabel
+    from art_rlvr.ei.relabel import hint_leaks, message_text, relabel
     from art_rlvr.outcome import turns
 
     # what SFT trains on, every turn of it
     trained = [(e, relabel(e)) for e in examples]
     with_hint_text = sum(
-        any(text in json.dumps(turns(t)) for text in hint_texts) for _, t in trained
+        any(text in message_text(m) for m in turns(t) for text in hint_texts) for _, t in trained
     )
+    assistant_turns = [sum(m["role"] == "assistant" for m in turns(t)) for _, t in trained]
     echoing = sum(
         e.source == "hinted" and any(hint_leaks(t, h, len(e.messages)) for h in hint_texts)
         for e, t in trained
@@ -125,6 +129,8 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         ],
         "distilled_examples": len(examples),
         "distilled_from_hints": sum(e.source == "hinted" for e in examples),
+        "distilled_multi_turn": sum(n > 1 for n in assistant_turns),
+        "distilled_assistant_turns": sum(assistant_turns),
         "distilled_with_hint_text": with_hint_text,
         "distilled_hinted_episodes_quoting_a_hint": echoing,
         "distilled_with_non_clean_prompt": not_clean,

@@ -1,6 +1,7 @@
 """GEPA on arith with the embedded model: does it find, accept and keep a better prompt?
 
 usage: uv run python benchmarks/gepa_arith.py scripted|embedded RUN_DIR [MAX_METRIC_CALLS=250]
+       [scenario=arith] [GEPAConfig key=value ...]   (e.g. scenario=arith_retry pareto_size=8)
 
 scripted: a scripted reflector on loopback (a real OpenAI-compatible HTTP server that litellm
   calls) proposes three instructions in turn, from a generic seed ("Answer the question.").
@@ -31,7 +32,7 @@ PROPOSALS = [
 ]
 
 
-async def main(mode: str, run_dir: Path, budget: int) -> None:
+async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str]) -> None:
     import art
 
     from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
@@ -54,6 +55,8 @@ async def main(mode: str, run_dir: Path, budget: int) -> None:
         "max_tokens": 32,
         "report_val_limit": 50,
     }
+    scenario = overrides.pop("scenario", "arith")
+    common |= overrides  # GEPAConfig validates (and converts) the values
     steps = [Step.reply(f"A better instruction:\n```\n{p}\n```") for p in PROPOSALS]
     server = ScriptedServer(steps, default=steps[-1])
     try:
@@ -69,18 +72,23 @@ async def main(mode: str, run_dir: Path, budget: int) -> None:
                 **common,
             )
         else:
-            config = GEPAConfig(reflection={"max_tokens": 256}, max_iterations=4, **common)
+            config = GEPAConfig(**{"reflection": {"max_tokens": 256}, "max_iterations": 4} | common)
         result = await optimize_prompt(
-            model, load_task("arith", seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
+            model, load_task(scenario, seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
         )
+        shown = [r.last_user_text for r in server.chat_requests[:1]]
     finally:
         server.close()
         await backend.close()
+    for text in shown:  # what the scripted reflector was shown first (episodes, turn by turn)
+        print(f"first reflection prompt ({len(text)} chars):\n{text}")
     print(json.dumps(result.summary(), indent=2))
     for event in result.history:
         print(json.dumps(event.model_dump(mode="json", exclude_none=True)))
 
 
 if __name__ == "__main__":
-    mode, run_dir = sys.argv[1], Path(sys.argv[2])
-    asyncio.run(main(mode, run_dir, int(sys.argv[3]) if len(sys.argv) > 3 else 250))
+    mode, run_dir, *rest = sys.argv[1:]
+    budget = int(rest.pop(0)) if rest and "=" not in rest[0] else 250
+    pairs = dict(arg.split("=", 1) for arg in rest)
+    asyncio.run(main(mode, Path(run_dir), budget, pairs))

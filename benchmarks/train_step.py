@@ -1,10 +1,15 @@
 """Cost of one GRPO step and one SFT step on the embedded model, and what the
 completion-only logits buy: the same policy-gradient loss computed with full-vocabulary logits
-at every position (the naive way), measured side by side in one process.
+at every position (the naive way), measured side by side in one process; then what
+length-bucketed microbatches buy over arrival-order ones (padded positions, seconds), and the
+user / kernel (sys) CPU time of the backward pass at 1 and 2 torch threads.
 
     uv run python benchmarks/train_step.py [--repeats 3] [--groups 6] [--group-size 6]
 
-Prints one line per result: medians over repeats, tokens/s through forward+backward, peak RSS.
+Prints one line per result: medians over repeats, tokens/s through forward+backward, the
+GFLOP/s that implies (about 4 x 107 M non-embedding parameters x positions, plus the kept
+logits: the frozen base needs input gradients only) next to a 2-core AVX2 fp32 peak of about
+160 GFLOP/s, and peak RSS.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_task
 from art_rlvr.backend import train as T
+from art_rlvr.backend.steps import sample_length
+
+NON_EMBEDDING_PARAMS, HIDDEN, VOCAB = 106_700_000, 576, 49_152  # SmolLM2-135M
 
 
 def peak_rss_mb() -> float:
@@ -38,19 +46,67 @@ def naive_logprobs(model, prompts, completions, pad):
     return logps[:, -k:], mask
 
 
-def timed_backward(model, samples, pad, logprob_fn) -> float:
-    prompts = [s.prompt_ids for s in samples]
-    comps = [s.completion_ids for s in samples]
+def in_order(samples: list[T.Sample], size: int = 8) -> list[list[T.Sample]]:
+    return [samples[i : i + size] for i in range(0, len(samples), size)]
+
+
+def bucketed(samples: list[T.Sample], size: int = 8) -> list[list[T.Sample]]:
+    return T.length_buckets(samples, size, sample_length)
+
+
+def timed_backward(model, samples, pad, logprob_fn, chunks=in_order) -> float:
     started = time.perf_counter()
-    for start in range(0, len(samples), 8):
-        new, mask = logprob_fn(model, prompts[start : start + 8], comps[start : start + 8], pad)
-        adv = torch.tensor([s.advantage for s in samples[start : start + 8]])
+    for chunk in chunks(samples):
+        prompts = [s.prompt_ids for s in chunk]
+        comps = [s.completion_ids for s in chunk]
+        new, mask = logprob_fn(model, prompts, comps, pad)
+        adv = torch.tensor([s.advantage for s in chunk])
         loss, _ = T.policy_loss(
             new, new.detach(), adv, mask, loss_fn="cispo", epsilon=1.0, epsilon_high=4.0
         )
         loss.backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - started
+
+
+def gflops(samples_chunks: list[list[T.Sample]], seconds: float) -> float:
+    """Forward + input-gradient backward FLOPs of the padded microbatches, per second."""
+    positions = sum(max(sample_length(s) for s in c) * len(c) for c in samples_chunks)
+    kept = sum(max(len(s.completion_ids) for s in c) * len(c) for c in samples_chunks)
+    return 4 * (NON_EMBEDDING_PARAMS * positions + HIDDEN * VOCAB * kept) / seconds / 1e9
+
+
+def buckets_report(model, samples: list[T.Sample], pad: int, repeats: int) -> None:
+    """Arrival-order vs length-bucketed microbatches of 8, and the backward pass's user and
+    kernel CPU time at 1 and 2 torch threads (interleaved repeats, medians)."""
+    lengths = {
+        name: [[sample_length(s) for s in c] for c in chunks(samples)]
+        for name, chunks in (("in order", in_order), ("bucketed", bucketed))
+    }
+    threads = torch.get_num_threads()
+    times: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for _ in range(repeats):
+        for name, chunks in (("in order", in_order), ("bucketed", bucketed)):
+            for n in sorted({1, 2}):
+                torch.set_num_threads(n)
+                before = resource.getrusage(resource.RUSAGE_SELF)
+                wall = timed_backward(model, samples, pad, T.completion_logprobs, chunks)
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                times.setdefault((name, n), []).append(
+                    (wall, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
+                )
+    torch.set_num_threads(threads)
+    tokens = sum(s.trained_count for s in samples)
+    for (name, n), values in times.items():
+        wall, user, sys_ = (statistics.median(v[i] for v in values) for i in range(3))
+        real, padded = T.padded_tokens(lengths[name])
+        chunks = in_order(samples) if name == "in order" else bucketed(samples)
+        print(
+            f"backward {name:>8}, {n} thread(s): {wall:.2f} s, {tokens / wall:.0f} trained "
+            f"tokens/s, {gflops(chunks, wall):.1f} GFLOP/s (peak ~160); positions {real} real / "
+            f"{padded} padded ({padded / real - 1:.0%} padding); CPU user {user:.2f} s sys "
+            f"{sys_:.2f} s"
+        )
 
 
 async def main() -> None:
@@ -99,6 +155,8 @@ async def main() -> None:
         print(
             f"policy_loss backward, completion-only logits: {o:.2f} s; full-vocabulary logits: {n:.2f} s; speed-up {n / o:.2f}x"
         )
+        with base.lock:
+            buckets_report(base.model, samples, pad, args.repeats)
         sft = [
             art.Trajectory(
                 messages_and_choices=[

@@ -36,6 +36,7 @@ from art_rlvr.ei.relabel import clean_messages
 from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import train_until
+from art_rlvr.records import TrainState
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.runfiles import RunFiles
 
@@ -236,8 +237,10 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
         )
         files = RunFiles(cfg.directory)
         ctx = RunContext(cfg, task, backend, model, files, time.monotonic())  # type: ignore[arg-type]
-        state = await train_until(ctx, {}, until=1, system_prompt=None, eval_at=lambda s: False)
-        assert await model.get_step() == 1 and state["rollouts"] == 6
+        state = await train_until(
+            ctx, TrainState(), until=1, system_prompt=None, eval_at=lambda s: False
+        )
+        assert await model.get_step() == 1 and state.rollouts == 6
         assert model.get_inference_name() == "public-api@1"
         assert list((tmp_path / "art").glob("tests/models/*/checkpoints/*1"))
 

@@ -153,3 +153,13 @@ def test_policy_keys_and_pass_at_k_defaults() -> None:
     # the variable's name is what config.json shows (a reader needs it); there is no value
     assert cfg.public_dump()["policy"]["api_key_env"] == "MY_KEY"
     assert parse_args([]).policy.model is None
+
+
+def test_the_config_validates_without_importing_the_heavy_stack() -> None:
+    """A bad key must fail in a second or two: the config imports neither ART nor torch."""
+    import subprocess
+    import sys
+
+    probe = "import sys, art_rlvr.config; print(sorted({'art', 'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ diagram is the order `tests/test_layers.py` enforces, and the README fits on a s
 CI's own test command.
 
 No model is loaded and no run starts: `art_rlvr.run` commands go through the CLI's own config
-validation (`parse_args`) and scenario loading (`load_task`, which also checks `source.*` keys);
+validation (`parse_args`) and scenario loading (`load_scenarios`, which also checks `source.*` keys);
 other entry points are checked for a runnable module.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from art_rlvr.config import parse_args
-from art_rlvr.scenario import load_task
+from art_rlvr.scenario import load_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -136,7 +136,7 @@ def test_documented_command_is_valid(where: str, module: str, args: list[str]) -
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)  # the docs use no deprecated key name
             config = parse_args(args)  # raises ConfigError with the CLI's own message
-        load_task(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
 
 
 @cache

@@ -45,7 +45,7 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.episodes import EnvStep, Turn, run_episode
+from art_rlvr.episodes import Reply, Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
@@ -317,10 +317,10 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     system = "Reply with only the final number."
     clean = list(clean_messages(scenario, system))
 
-    def env(turn: Turn, _: art.Trajectory) -> EnvStep:
+    def env(turn: Turn, _: art.Trajectory) -> Reply:
         if turn.index == 2:
-            return EnvStep(done=True)
-        return EnvStep(messages=({"role": "user", "content": f"Check step {turn.index} again."},))
+            return Reply(done=True)
+        return Reply(messages=({"role": "user", "content": f"Check step {turn.index} again."},))
 
     hinted = await run_episode(
         model,

@@ -138,14 +138,14 @@ def test_illegal_moves_get_feedback_and_a_retry() -> None:
     reply = game.respond(x, episode("5", "5"))
     assert not reply.done and reply.metrics == {"illegal_actions": 1.0}
     assert "cell 5 is taken" in reply.messages[0]["content"]
-    assert "Free cells: 1, 3, 4, 6, 7, 8, 9" in reply.messages[0]["content"]
+    assert "Which free cell do you take: 1, 3, 4, 6, 7, 8, 9?" in reply.messages[0]["content"]
     assert game.respond(x, episode("5", "5", "x", "y")).done
 
 
 def test_the_opponent_may_open_and_the_board_is_text() -> None:
     game = TicTacToe(opponent="heuristic")
     opening = game.opening({"seed": 3, "opponent_first": True})[0]["content"]
-    assert "I am O and I started at 5" in opening  # the heuristic takes the centre
+    assert "after my O at 5" in opening  # the heuristic takes the centre
     assert render(board("....O....")) in opening
 
 
@@ -192,6 +192,7 @@ def test_arith_retry_feedback_never_tells_the_answer() -> None:
         ("7 / 2", "3.5"),
         ("12,345 × 2", "24690"),
         ("2^10", "1024"),
+        ("}} 967670 * 272329 =", "263524603430"),  # stray JSON a forced call writes
     ],
 )
 def test_calculator(expression: str, value: str) -> None:
@@ -206,6 +207,7 @@ def test_calculator(expression: str, value: str) -> None:
         ("9 ** 9 ** 9", "exponents"),
         ("(10 ** 60) ** 60", "digits"),
         ("two times three", "cannot read"),
+        ('{"": ""}', "cannot read"),
     ],
 )
 def test_calculator_refuses(expression: str, error: str) -> None:
@@ -282,7 +284,7 @@ async def run_faulty(
     [
         ("raise", "environment raised RuntimeError: the board caught fire"),
         ("hang", "environment timed out after 0.3 s"),
-        ("garbage", "an environment returns EnvStep, str or None, not int"),
+        ("garbage", "an environment returns Reply, str or None, not int"),
     ],
 )
 async def test_a_failing_environment_ends_the_episode_with_zero(

@@ -21,7 +21,7 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from pydantic import BaseModel
 
-from art_rlvr.episodes import EnvStep, EpisodeScore, Turn, run_episode
+from art_rlvr.episodes import EpisodeScore, Reply, Turn, run_episode
 from art_rlvr.outcome import feedback_of
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.testing import ScriptedServer, Step
@@ -307,18 +307,18 @@ class Guess:
         self.secret = secret
         self.seen: list[int] = []
 
-    def __call__(self, turn: Turn, trajectory: art.Trajectory) -> EnvStep:
+    def __call__(self, turn: Turn, trajectory: art.Trajectory) -> Reply:
         self.seen.append(turn.index)
         guess = int(turn.text) if turn.text.strip().isdigit() else None
         if guess is None:
-            return EnvStep(
+            return Reply(
                 messages=({"role": "user", "content": "Answer with a number."},),
                 metrics={"illegal_moves": 1},
             )
         if guess == self.secret:
-            return EnvStep(done=True, log=f"solved in {turn.index + 1}")
+            return Reply(done=True, log=f"solved in {turn.index + 1}")
         hint = "higher" if guess < self.secret else "lower"
-        return EnvStep(messages=({"role": "user", "content": hint},))
+        return Reply(messages=({"role": "user", "content": hint},))
 
 
 async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
@@ -345,7 +345,7 @@ async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
     assert "turn 3: solved in 4" in t.logs and feedback_of(t) == "won" and "won" not in t.logs
 
 
-def raising_env(turn: Turn, trajectory: art.Trajectory) -> EnvStep:
+def raising_env(turn: Turn, trajectory: art.Trajectory) -> Reply:
     raise KeyError("board")
 
 
@@ -358,7 +358,7 @@ def wrong_type_env(turn: Turn, trajectory: art.Trajectory) -> int:
     [
         (lambda release: raising_env, "environment raised KeyError: 'board'"),
         (lambda release: lambda turn, t: release.wait(30), "environment timed out after 0.3 s"),
-        (lambda release: wrong_type_env, "an environment returns EnvStep, str or None, not int"),
+        (lambda release: wrong_type_env, "an environment returns Reply, str or None, not int"),
     ],
 )
 async def test_failing_environment_ends_the_episode_with_zero_reward(

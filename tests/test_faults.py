@@ -20,7 +20,7 @@ from art_rlvr.evaluation import evaluate
 from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.outcome import feedback_of
-from art_rlvr.records import RolloutsFailed
+from art_rlvr.records import RolloutsFailed, ScheduleState, TrainState
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
 from art_rlvr.run import run_mode
 from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
@@ -36,6 +36,7 @@ EI_STATE = '{"version": 1, "fingerprint": "0123abcd", "round": 2}'
         ("rl", "state.json", '{"evals": {"0": 0.', "state.json is corrupt"),
         ("rl", "state.json", "", "state.json is corrupt"),
         ("rl", "state.json", EI_STATE, "is not an RL run's state"),
+        ("rl", "state.json", '{"evals": {"0": "high"}}', "is not an RL run's state (evals.0"),
         ("gepa", "gepa/state.json", '{"version": 1, "fingerpr', "state.json is corrupt"),
         ("gepa", "gepa/state.json", '{"evals": {}}', "is not a GEPA state"),
         ("gepa", "gepa/journal.jsonl", '{"a": 1}\nnot json\n{"b": 2}\n', "journal.jsonl:2 is"),
@@ -244,3 +245,42 @@ async def test_an_evaluation_where_every_rollout_errored_fails_with_its_cause(
         report = await evaluate(policy, scenarios)
     assert report.errors == 2 and report.first_error and "BadRequestError" in report.first_error
     assert "2 errored (67%" in report.line()
+
+
+# ---- state files written before the state models: a resume still reads them -------------
+
+
+@pytest.mark.parametrize(
+    ("model", "written"),
+    [
+        (
+            TrainState,
+            {"evals": {"0": 0.4, "2": 0.5}, "pending": {"from_step": 2, "stats": {"accuracy": 0.5}},
+             "tokens_trained": 310, "rollouts": 72, "step_seconds": [12.5, 11.0],
+             "train_rewards": {"1": 0.3, "2": 0.4}, "alarms": [], "early_stop": None},
+        ),
+        (
+            ScheduleState,
+            {"phase": 2, "prompt": "Answer.", "evals": {"start": 0.4, "rl_r0": 0.5},
+             "curve": [{"after": "start", "step": 0, "val": 0.4}], "frontier": ["Be brief."],
+             "prompt_changes": [{"round": 1, "phase": 1, "step": 1, "old": "A", "new": "B",
+                                 "old_pareto_mean": 0.2, "new_pareto_mean": 0.6,
+                                 "origin": "reflection", "old_val_accuracy": None,
+                                 "new_val_accuracy": 0.5}],
+             "phase_target": None, "ei_buffer": None, "ei_totals": {"recovered": 2},
+             "teacher_counters": {"calls": 3}, "gepa_metric_calls": 16, "reflection_calls": 2,
+             "reflection_errors": 0, "rollouts": 12, "step_seconds": [3.0]},
+        ),
+    ],
+)  # fmt: skip
+def test_state_files_round_trip_through_their_models(
+    tmp_path: Path, model: type[TrainState], written: dict
+) -> None:
+    """A state as the loops wrote it (dicts, before the models) resumes; what the model writes
+    back reads back equal, through the same atomic writer."""
+    (tmp_path / "state.json").write_text(json.dumps(written))
+    files = RunFiles(tmp_path)
+    state = files.read_state("state.json", model, "a test")
+    assert state is not None and state.evals == written["evals"]
+    files.write_state("state.json", state)
+    assert files.read_state("state.json", model, "a test") == state

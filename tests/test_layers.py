@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "art_rlvr"
 # Top to bottom. The first component of a module's name under art_rlvr picks its layer.
 LAYERS: list[tuple[str, set[str]]] = [
     ("entry points", {"run", "compare", "report", "export", "serve", "__main__"}),
-    ("config and loops", {"config", "config_reference", "loops"}),
+    ("config and loops", {"config", "config_keys", "config_reference", "loops"}),
     ("extensions", {"gepa", "ei"}),
     ("rollouts", {"evaluation", "rollouts", "episodes", "tools", "sampling", "policy"}),
     ("tasks", {"scenario", "rewards", "sources", "leakage", "environments"}),

@@ -78,6 +78,10 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     step_adapters: OrderedDict[int, str] = field(default_factory=OrderedDict)
     leases: dict[int, int] = field(default_factory=dict)
+    tokenizer: Any = None  # renders its conversations (its chat template); None: the base's
+
+    def __post_init__(self) -> None:
+        self.tokenizer = self.tokenizer or self.base.tokenizer
 
 
 def load_base(name: str, device: torch.device, dtype: torch.dtype) -> Base:

@@ -8,6 +8,7 @@ file lock so parallel processes do not race) and load the cached safetensors aft
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -76,3 +77,24 @@ def resolve_base_model(base_model: str) -> str:
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
         return str(path)
     return base_model  # a hub id; transformers fetches it when the hub is reachable
+
+
+def declares_chat_template(base_model: str) -> bool | None:
+    """Whether the base model's tokenizer files carry a chat template, read from the folder
+    without loading anything (None: a hub id, not known before it is fetched). The embedded
+    model ships one (ChatML)."""
+    if base_model.startswith("embedded:"):
+        return True
+    folder = Path(base_model).expanduser()
+    if not folder.is_dir():
+        return None
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    if any(folder.glob("additional_chat_templates/*.jinja")):
+        return True
+    config = folder / "tokenizer_config.json"
+    try:
+        declared = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: let the tokenizer's own loading say what is wrong
+    return bool(declared)

@@ -50,8 +50,7 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
         base.model.set_adapter(trainee.adapter)
         set_lr(trainee.optimizer, cfg.learning_rate)
         trainee.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(samples), cfg.microbatch_size):
-            chunk = samples[start : start + cfg.microbatch_size]
+        for chunk in T.length_buckets(samples, cfg.microbatch_size, sample_length):
             prompts = [s.prompt_ids for s in chunk]
             comps = [s.completion_ids for s in chunk]
             new, mask = T.completion_logprobs(base.model, prompts, comps, pad)
@@ -104,8 +103,8 @@ def sft_step(
         trainee.optimizer.zero_grad(set_to_none=True)
         total = sum(sum(s.loss_mask) for s in batch)
         loss_sum = 0.0
-        for start in range(0, len(batch), microbatch_size):
-            loss, _ = T.sft_loss(base.model, batch[start : start + microbatch_size], pad)
+        for chunk in T.length_buckets(batch, microbatch_size, lambda s: len(s.input_ids)):
+            loss, _ = T.sft_loss(base.model, chunk, pad)
             (loss / max(total, 1)).backward()
             loss_sum += float(loss.detach())
         norm = _clip(trainee, 1.0)
@@ -139,6 +138,11 @@ def score(
             )
             out.extend(float(v) for v in (logps * mask).sum(-1))
     return out
+
+
+def sample_length(sample: T.Sample) -> int:
+    """What a sample costs in a microbatch: every row is padded to the longest sequence."""
+    return len(sample.prompt_ids) + len(sample.completion_ids)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import math
-import sys
-import warnings
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,55 +29,17 @@ from art_rlvr.backend import steps as S
 from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Base as _Base
 from art_rlvr.backend.adapters import LoraSettings, Trainee
+from art_rlvr.backend.art_options import warn_unknown
 from art_rlvr.backend.chat import render_ids, text_content
+from art_rlvr.backend.chat_templates import model_tokenizer
 from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams
+from art_rlvr.backend.malloc import pin_malloc_mmap_threshold
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
-
-_KNOWN_IGNORED = frozenset(
-    {
-        "normalize_advantages",
-        "adam_params",
-        "kl_penalty_reference_step",
-        "kl_ref_adapter_path",
-        "kl_penalty_source",
-        "advantage_balance",
-        "importance_sampling_level",
-        "max_negative_advantage_importance_sampling_weight",
-        "mask_prob_ratio",
-        "kimi_k2_tau",
-        "precalculate_logprobs",
-        "plot_tensors",
-        "truncated_importance_sampling",
-        "scale_learning_rate_by_reward_std_dev",
-        "logprob_calculation_chunk_size",
-        "packed_sequence_length",
-        "num_trajectories_learning_rate_multiplier_power",
-        "optimizer_save_interval",
-        "final_training_step",
-        "grad_accumulation_sequences",
-    }
-)
-
-
-def pin_malloc_mmap_threshold(threshold: int = 64 * 1024) -> bool:
-    """Stop glibc from raising its mmap threshold as large tensors are freed.
-
-    By default glibc raises the threshold after each free of an mmapped block, so later
-    logits-sized buffers (tens of MB, varying shapes every step) land on the heap and are never
-    returned: RSS grew by ~1 GB per training step here. A fixed threshold keeps peak RSS flat.
-    """
-    if sys.platform != "linux":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(-3, threshold))  # -3 is M_MMAP_THRESHOLD
 
 
 class TorchBackend:
@@ -134,11 +93,12 @@ class TorchBackend:
                 A.load_base, base_name, self.device, self.dtype
             )
             self._bases[base_name] = base
+            tokenizer = model_tokenizer(base.tokenizer, model, base_name)  # its chat template
             trainee = self._trainees.get(model.name)
             if trainee is not None:  # the same name registered again (a re-run notebook cell)
-                trainee.model = model
+                trainee.model, trainee.tokenizer = model, tokenizer
                 return
-            self._trainees[model.name] = await asyncio.to_thread(
+            trainee = await asyncio.to_thread(
                 A.attach,
                 model,
                 base,
@@ -148,6 +108,8 @@ class TorchBackend:
                 seed=self.seed,
                 make_engine=self._make_engine,
             )
+            trainee.tokenizer = tokenizer
+            self._trainees[model.name] = trainee
 
     async def _prepare_backend_for_training(
         self, model: art.TrainableModel, config: Any = None
@@ -241,7 +203,7 @@ class TorchBackend:
         `save_checkpoint` is set (ART's `PipelineTrainer` sets it only on evaluation steps);
         it decides only whether the optimizer state is written too (see `adapters`).
         """
-        self._warn_unknown(unknown)
+        warn_unknown(unknown)
         if loss_fn not in ("cispo", "ppo"):
             raise ValueError(f"loss_fn must be 'cispo' or 'ppo', got {loss_fn!r}")
         if not math.isfinite(learning_rate) or learning_rate <= 0:
@@ -269,7 +231,7 @@ class TorchBackend:
             microbatch_size=self.microbatch_size,
         )
         samples, stats = T.samples_from_groups(
-            groups, trainee.base.tokenizer, scale_rewards=scale_rewards
+            groups, trainee.tokenizer, scale_rewards=scale_rewards
         )
         metrics = await asyncio.to_thread(S.rl_step, trainee, samples, settings)
         metrics |= {
@@ -294,7 +256,7 @@ class TorchBackend:
     ) -> AsyncIterator[dict[str, float]]:
         trainee = self._trainee(model)
         samples = T.sft_samples(
-            trajectories, trainee.base.tokenizer, assistant_turns=config.assistant_turns
+            trajectories, trainee.tokenizer, assistant_turns=config.assistant_turns
         )
         if not samples:
             raise T.TrainingDataError("train_sft() got no trajectories")
@@ -328,7 +290,7 @@ class TorchBackend:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
         trainee = self._trainee(model)
-        tok = trainee.base.tokenizer
+        tok = trainee.tokenizer
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         prompt_ids = [
             T.render_prompt(
@@ -342,14 +304,6 @@ class TorchBackend:
         )
 
     # ------------------------------------------------------------------ internals
-    def _warn_unknown(self, unknown: dict[str, Any]) -> None:
-        ignored = sorted(k for k in unknown if k in _KNOWN_IGNORED)
-        strange = sorted(k for k in unknown if k not in _KNOWN_IGNORED)
-        if ignored:
-            warnings.warn(f"TorchBackend ignores ART options {ignored}", stacklevel=3)
-        if strange:
-            warnings.warn(f"TorchBackend.train: unknown keyword arguments {strange}", stacklevel=3)
-
     def _trainee(self, model: art.Model) -> Trainee:
         trainee = self._trainees.get(model.name)
         if trainee is None:
@@ -385,13 +339,14 @@ class TorchBackend:
             if step_text and not step_text.isdigit():
                 raise ModelNotFound(f"bad step in model name {name!r}")
             step = int(step_text) if step_text else trainee.step
-            return self._route(trainee.base, lambda: self._step_adapter(trainee, step))
+            return self._route(
+                trainee.base, trainee.tokenizer, lambda: self._step_adapter(trainee, step)
+            )
         if name in self._bases:
-            return self._route(self._bases[name], lambda: None)
+            return self._route(self._bases[name], self._bases[name].tokenizer, lambda: None)
         raise ModelNotFound(f"model {name!r} is not served here; available: {self._served_names()}")
 
-    def _route(self, base: _Base, adapter_for: Any) -> Route:
-        tokenizer = base.tokenizer
+    def _route(self, base: _Base, tokenizer: Any, adapter_for: Any) -> Route:
         engine = base.engine
         assert engine is not None
 

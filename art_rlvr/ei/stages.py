@@ -26,7 +26,8 @@ from art_rlvr.ei.relabel import (
     relabel_episode,
     rl_group,
 )
-from art_rlvr.outcome import completion_text, is_correct, is_sampled
+from art_rlvr.gepa.transcript import episode_text
+from art_rlvr.outcome import is_correct, is_sampled, turns
 from art_rlvr.scenario import Scenario
 
 
@@ -41,9 +42,23 @@ def reference_solution(scenario: Scenario, field: str | None) -> str | None:
     return value or None
 
 
+# a failed multi-turn attempt shown to the teacher is trimmed to this many characters
+ATTEMPT_CHARS = 1500
+
+
+def attempt_text(trajectory: art.Trajectory) -> str:
+    """An attempt as the teacher reads it: the reply of a single-turn rollout, or every turn
+    of an episode after its opening (tool calls and results, the environment's replies),
+    trimmed as GEPA's reflection trims it (art_rlvr.gepa.transcript: the last and the failing
+    turns stay)."""
+    items = trajectory.messages_and_choices
+    first = next((i for i, item in enumerate(items) if is_sampled(item)), len(items))
+    return episode_text(turns(trajectory)[first:], ATTEMPT_CHARS).strip()
+
+
 def most_common_failure(trajectories: Sequence[art.Trajectory]) -> str | None:
-    """The failed attempt the teacher is shown: the most frequent wrong reply (first on ties)."""
-    wrong = Counter(completion_text(t).strip() for t in trajectories if not is_correct(t))
+    """The failed attempt the teacher is shown: the most frequent wrong one (first on ties)."""
+    wrong = Counter(attempt_text(t) for t in trajectories if not is_correct(t))
     return wrong.most_common(1)[0][0] if wrong else None
 
 

@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from art_rlvr.environments import arith_retry, calc, tictactoe
+from art_rlvr.environments import arith_retry, calc, humaneval_repair, qa_search, tictactoe
 from art_rlvr.environments.base import (
     Environment,
     EnvironmentConfigError,
@@ -16,6 +16,8 @@ from art_rlvr.environments.base import (
 ENVIRONMENTS: dict[str, EnvironmentFactory] = {
     "arith_retry": arith_retry.environment,
     "calc": calc.environment,
+    "humaneval_repair": humaneval_repair.environment,
+    "qa_search": qa_search.environment,
     "tictactoe": tictactoe.environment,
 }
 

@@ -27,6 +27,9 @@ _BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
     ast.Mod: operator.mod,
 }
 MAX_DIGITS = 400
+# Stripped from both ends of an expression: a model forced into the tool's JSON schema often
+# writes the closing braces or quotes inside the string first ('}} 967670 * 272329').
+STRAY = " \t\n{}[]\"'`=?"
 
 
 def bounded(value: Fraction) -> Fraction:
@@ -69,7 +72,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: numbers with + - * / // % ** and parentheses.
     """
-    text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip()
+    text = expression.replace("×", "*").replace("^", "**").replace(",", "").strip(STRAY)
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:

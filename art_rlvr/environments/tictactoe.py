@@ -61,6 +61,18 @@ def parse_move(text: str) -> int | None:
     return numbers.pop() if len(numbers) == 1 else None
 
 
+def position(board: Board, opponent: int | None = None) -> str:
+    """A prompt: the board, then a question naming the free cells. The embedded 135M model
+    echoes a preamble or an instruction ("You are X, I am O...", "Your move: reply with...")
+    back, but answers this short form with a cell number."""
+    after = f", after my O at {opponent}" if opponent else ""
+    free = ", ".join(map(str, free_cells(board)))
+    return (
+        f"Tic-tac-toe board (X is you, O is me{after}):\n\n{render(board)}\n\n"
+        f"Which free cell do you take: {free}? Answer with just the number."
+    )
+
+
 def opponent_move(board: Board, level: str, seed: int, ply: int) -> int:
     """0-based cell for O."""
     rng = random.Random(f"tictactoe:{seed}:{ply}")
@@ -157,15 +169,7 @@ class TicTacToe(BaseModel):
 
     def opening(self, x: Record) -> list[dict[str, str]]:
         game = self.start(x)
-        before = (
-            f"I am O and I started at {game.last_opponent}." if game.last_opponent else "You start."
-        )
-        text = (
-            "We play tic-tac-toe. You are X, I am O. Cells are numbered 1 to 9; a free cell shows "
-            f"its number. {before}\n\n{render(game.board)}\n\n"
-            "Your move: reply with the number of a free cell."
-        )
-        return [{"role": "user", "content": text}]
+        return [{"role": "user", "content": position(game.board, game.last_opponent)}]
 
     def respond(self, x: Record, episode: Messages) -> Reply:
         game = self.replay(x, episode)
@@ -177,19 +181,14 @@ class TicTacToe(BaseModel):
             )
         if game.status != "playing":
             return Reply(done=True, metrics=counts, log=f"{game.status} in {game.moves} moves")
-        free = ", ".join(map(str, free_cells(game.board)))
         if game.last_illegal is not None:
             left = self.max_illegal - game.illegal
             return Reply.say(
-                f"Illegal move: {game.last_illegal}. Free cells: {free}. Reply with one of them "
-                f"({left} illegal move{'s' if left > 1 else ''} left before you forfeit).",
+                f"Illegal move: {game.last_illegal} ({left} illegal move{'s' if left > 1 else ''} "
+                f"left before you forfeit). {position(game.board)}",
                 metrics=counts,
             )
-        return Reply.say(
-            f"I play O at {game.last_opponent}.\n\n{render(game.board)}\n\n"
-            f"Your move: reply with the number of a free cell ({free}).",
-            metrics=counts,
-        )
+        return Reply.say(position(game.board, game.last_opponent), metrics=counts)
 
     def reward(self, x: Record, episode: Messages) -> Score:
         game = self.replay(x, episode)

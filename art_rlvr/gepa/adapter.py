@@ -92,6 +92,7 @@ class ARTPromptAdapter:
         group_size: int,
         seed: int,
         max_reflection_examples: int = 8,
+        max_episode_chars: int | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.model = model
@@ -100,6 +101,7 @@ class ARTPromptAdapter:
         self.group_size = group_size
         self.seed = seed
         self.max_reflection_examples = max_reflection_examples
+        self.max_episode_chars = max_episode_chars
         self.loop = loop
 
     async def aevaluate(self, scenarios: Sequence[Scenario], prompt: str) -> list[ScenarioEval]:
@@ -164,5 +166,5 @@ class ARTPromptAdapter:
         components_to_update: list[str],
     ) -> dict[str, list[dict[str, str]]]:
         evals = list(eval_batch.trajectories or [])
-        records = reflective_records(evals, self.max_reflection_examples)
+        records = reflective_records(evals, self.max_reflection_examples, self.max_episode_chars)
         return {name: records for name in components_to_update}

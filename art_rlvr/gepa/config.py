@@ -86,6 +86,11 @@ class GEPAConfig(BaseModel):
     max_reflection_examples: int = Field(
         default=8, ge=1, description="traces shown to the reflection LM per iteration"
     )
+    max_episode_chars: int = Field(
+        default=1500,
+        ge=200,
+        description="a multi-turn episode shown to the reflection LM is trimmed to this length",
+    )
     max_shown_rejections: int = Field(
         default=5, ge=0, description="earlier rejected proposals shown, so they are not repeated"
     )

@@ -153,6 +153,7 @@ async def run_optimizer(
         group_size=cfg.group_size,
         seed=rollout_seed(cfg.seed, "gepa"),
         max_reflection_examples=cfg.max_reflection_examples,
+        max_episode_chars=cfg.max_episode_chars,
         loop=asyncio.get_running_loop(),
     )
     reflection = ReflectionCalls(client, files.journal, replies)

@@ -17,6 +17,7 @@ from gepa.strategies.instruction_proposal import InstructionProposalSignature
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.gepa.records import Rejection, RejectionKind, RolloutTrace, ScenarioEval
+from art_rlvr.gepa.transcript import episode_text
 from art_rlvr.leakage import leaked_answers
 from art_rlvr.scenario import Scenario
 
@@ -66,39 +67,20 @@ def normalize(prompt: str) -> str:
     return " ".join(prompt.split()).casefold()
 
 
-def turn_text(message: Mapping[str, Any]) -> str:
-    """One message of an episode, labelled by role, with its tool calls."""
-    role = str(message.get("role", ""))
-    content = str(message.get("content") or "")
-    if role == "tool":
-        name = f" {message['name']}" if message.get("name") else ""
-        return f"[tool result{name}] {content}"
-    lines = [f"[{role}] {content}".rstrip()]
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        lines.append(f"[tool call] {function.get('name')}({function.get('arguments') or ''})")
-    return "\n".join(lines)
+def shown_output(rollout: RolloutTrace, max_chars: int | None = None) -> str:
+    """What the reflection LM sees of a rollout: its whole episode when one was recorded,
+    trimmed to `max_chars` (art_rlvr.gepa.transcript says which turns stay)."""
+    return episode_text(rollout.episode, max_chars) if rollout.episode else rollout.output
 
 
-def episode_text(episode: Sequence[Mapping[str, Any]]) -> str:
-    """An episode as the reflection LM reads it: a lone assistant reply is its bare text (the
-    single-turn case), several turns are labelled one by one with tool calls and results."""
-    lone = episode[0] if len(episode) == 1 else {}
-    if lone.get("role") == "assistant" and not lone.get("tool_calls"):
-        return str(lone.get("content") or "")
-    return "\n".join(turn_text(m) for m in episode)
-
-
-def shown_output(rollout: RolloutTrace) -> str:
-    """What the reflection LM sees of a rollout (its whole episode when one was recorded)."""
-    return episode_text(rollout.episode) if rollout.episode else rollout.output
-
-
-def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[str, str]]:
+def reflective_records(
+    evals: Sequence[ScenarioEval], limit: int, max_chars: int | None = None
+) -> list[dict[str, str]]:
     """gepa's reflective-dataset rows ("Inputs", "Generated Outputs", "Feedback") from
     trajectory groups: failures first (each scenario's worst rollout before anyone's second),
     then up to a quarter of the rows as successes for contrast, preferring scenarios that also
-    failed. Identical outputs of one scenario are shown once."""
+    failed. Identical outputs of one scenario are shown once. A multi-turn episode is shown
+    turn by turn within `max_chars` characters (None: whole)."""
     failures: list[tuple[int, float, ScenarioEval, int]] = []
     successes: list[tuple[int, ScenarioEval, int]] = []
     for ev in evals:
@@ -107,7 +89,7 @@ def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[s
         rank = 0
         for k in ranked:
             r = ev.rollouts[k]
-            shown = shown_output(r)
+            shown = shown_output(r, max_chars)
             if shown in seen:
                 continue
             seen.add(shown)
@@ -127,7 +109,7 @@ def reflective_records(evals: Sequence[ScenarioEval], limit: int) -> list[dict[s
     return [
         {
             "Inputs": ev.inputs,
-            "Generated Outputs": shown_output(ev.rollouts[k]) or "(empty reply)",
+            "Generated Outputs": shown_output(ev.rollouts[k], max_chars) or "(empty reply)",
             "Feedback": f"reward {ev.rollouts[k].reward:.2f}: {ev.rollouts[k].feedback}"
             + (" (cut off at the token limit)" if ev.rollouts[k].truncated else ""),
         }

@@ -204,7 +204,7 @@ async def reflective_step(run: Run, state: GEPAState) -> GEPAState:
             state = stop(state, f"perfect: {streak} minibatches in a row had nothing to improve")
         return state
     state = state.model_copy(update={"perfect_streak": 0})
-    dataset = reflective_records(before_evals, cfg.max_reflection_examples)
+    dataset = reflective_records(before_evals, cfg.max_reflection_examples, cfg.max_episode_chars)
     state, prompt = await propose(
         run,
         state,

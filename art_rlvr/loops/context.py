@@ -9,19 +9,20 @@ import logging
 import resource
 import statistics
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import art
 
-from art_rlvr.evaluation import EvalReport, evaluate
+from art_rlvr.evaluation import EvalReport, SampledReport, evaluate
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.outcome import is_correct
 from art_rlvr.records import EvalEvent
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.runfiles import RunFiles
-from art_rlvr.scenario import Scenario, Task
+from art_rlvr.scenario import Mixture, Scenario, Task
 
 if TYPE_CHECKING:
     from art_rlvr.config import RunConfig
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunContext:
     config: RunConfig
-    task: Task
+    task: Task | Mixture
     backend: art.Backend
     model: art.TrainableModel
     files: RunFiles
@@ -81,7 +82,22 @@ def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
         "frac_mixed": kinds.count("mixed") / len(kinds),
         "trajectories": float(len(trajectories)),
         "groups": float(len(kinds)),
+        **episode_means(t.metrics for t in trajectories),
     }
+
+
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "illegal_actions", "turn_cap_hit")
+
+
+def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Means over episodes of the multi-turn counts (`turns_per_episode`, ...), each over the
+    episodes that report it: none for single-turn rollouts, whose records stay as they were."""
+    rows = list(metrics)
+    found = {
+        key: [float(v) for m in rows if isinstance(v := m.get(key), int | float)]
+        for key in EPISODE_COUNTS
+    }
+    return {f"{key}_per_episode": statistics.fmean(v) for key, v in found.items() if v}
 
 
 def peak_rss_mb() -> float:
@@ -89,8 +105,57 @@ def peak_rss_mb() -> float:
 
 
 def val_scenarios(ctx: RunContext) -> list[Scenario]:
-    val = ctx.task.splits["val"]
-    return val[: ctx.config.val_limit] if ctx.config.val_limit else val
+    return ctx.task.held_out("val", ctx.config.val_limit)
+
+
+def by_scenario(
+    scenarios: Sequence[Scenario], groups: Sequence[art.TrajectoryGroup], samples: int = 1
+) -> dict[str, float]:
+    """A mixture's accuracy (pass@1) per scenario, errored rollouts counted wrong; {} for one
+    scenario. Rollouts name their scenario in `metadata["task"]`."""
+    counts = Counter(s.task.name for s in scenarios)
+    if len(counts) < 2:
+        return {}
+    correct = Counter(
+        t.metadata.get("task") for g in groups for t in g.trajectories if is_correct(t)
+    )
+    return {name: correct[name] / (n * samples) for name, n in counts.items()}
+
+
+def eval_event(
+    report: EvalReport | SampledReport,
+    step: int,
+    *,
+    scenarios: dict[str, float],
+    tag: str = "",
+    **extra: Any,
+) -> EvalEvent:
+    """The metrics line of an evaluation, greedy or sampled (`extra`: clocks, policy, cost).
+    A mixture's accuracy is the mean of its scenarios' (each scenario weighs the same)."""
+    sampled = isinstance(report, SampledReport)
+    pooled = report.pass_at[1] if sampled else report.accuracy
+    return EvalEvent(
+        split=report.split,
+        step=step,
+        accuracy=statistics.fmean(scenarios.values()) if scenarios else pooled,
+        reward_mean=report.mean_reward,
+        format=report.format_rate,
+        tokens_per_completion=report.mean_completion_tokens,
+        errors=report.errors,
+        first_error=report.first_error,
+        tag=tag,
+        by_scenario=scenarios,
+        **(
+            {
+                "samples": report.samples,
+                "pass_at": report.pass_at,
+                "completion_tokens": report.completion_tokens,
+            }
+            if sampled
+            else {}
+        ),
+        **extra,
+    )
 
 
 async def run_eval(
@@ -102,9 +167,10 @@ async def run_eval(
     tag: str = "",
 ) -> EvalReport:
     """Greedy evaluation at `step` under `system_prompt` (default: the run's); logged to
-    metrics.jsonl, trajectories/<split>_<step><tag>.jsonl and ART's history."""
+    metrics.jsonl, trajectories/<split>_<step><tag>.jsonl and ART's history. A mixture's
+    report carries the mean of its scenarios' accuracies (each one is in the event)."""
     cfg = ctx.config
-    scenarios = val_scenarios(ctx) if split == "val" else ctx.task.splits[split]
+    scenarios = val_scenarios(ctx) if split == "val" else ctx.task.held_out(split)
     prompt = system_prompt if system_prompt is not None else cfg.system_prompt
     report = await evaluate(
         ctx.model,
@@ -113,21 +179,19 @@ async def run_eval(
         sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
         split=split,
     )
-    log.info("step %d %s", step, report.line())
-    ctx.files.append_event(
-        EvalEvent(
-            split=split,
-            step=step,
-            accuracy=report.accuracy,
-            reward_mean=report.mean_reward,
-            format=report.format_rate,
-            tokens_per_completion=report.mean_completion_tokens,
-            errors=report.errors,
-            first_error=report.first_error,
-            tag=tag,
-            **clocks(ctx),
-        )
+    event = eval_event(
+        report, step, scenarios=by_scenario(scenarios, report.groups), tag=tag, **clocks(ctx)
     )
+    report = report.model_copy(update={"accuracy": event.accuracy})
+    log.info("step %d %s%s", step, report.line(), scenario_line(event.by_scenario))
+    ctx.files.append_event(event)
     ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
     await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
     return report
+
+
+def scenario_line(accuracies: dict[str, float]) -> str:
+    """`; by scenario: arith 0.550, gsm8k 0.100` (nothing for one scenario)."""
+    if not accuracies:
+        return ""
+    return "; by scenario: " + ", ".join(f"{n} {a:.3f}" for n, a in accuracies.items())

@@ -12,20 +12,16 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import art
 
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
-from art_rlvr.records import AlarmEvent, TrainEvent
+from art_rlvr.records import AlarmEvent, PendingBatch, TrainEvent, TrainState
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
-from art_rlvr.scenario import batch_scenarios
 from art_rlvr.text import prompt_hash
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +59,7 @@ async def rl_step(
     rollouts, and the backend's training call on them (`before_train` sees the groups first,
     so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
-    scenarios = batch_scenarios(ctx.task.splits["train"], cfg.groups_per_batch, cfg.seed, step)
+    scenarios = ctx.task.train_batch(cfg.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
         ctx.model,
         scenarios,
@@ -88,14 +84,14 @@ async def rl_step(
     return StepOutcome(groups, stats, result)
 
 
-async def train_until(
+async def train_until[S: TrainState](
     ctx: RunContext,
-    state: dict[str, Any],
+    state: S,
     *,
     until: int,
     system_prompt: str | None,
     eval_at: Callable[[int], bool],
-) -> dict[str, Any]:
+) -> S:
     """RL steps from the model's current step up to `until` under a fixed `system_prompt`,
     with a val evaluation at each step where `eval_at(step)` (once: recorded in `state`).
 
@@ -107,22 +103,21 @@ async def train_until(
     sampling = SamplingConfig(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
     )
-    state.setdefault("evals", {})
-    if state.get("pending") is not None:
-        state = recover_pending(ctx, state, step)
+    if state.pending is not None:
+        state = recover_pending(ctx, state, state.pending, step)
 
     def stage(groups: list[art.TrajectoryGroup], stats: dict[str, float]) -> None:
         ctx.files.write_trajectories(PENDING, groups)
-        state["pending"] = {"from_step": step, "stats": stats}
-        ctx.files.write_json("state.json", state)
+        pending = PendingBatch(from_step=step, stats=stats)
+        ctx.files.write_state(STATE, state.model_copy(update={"pending": pending}))
 
     while True:
-        if eval_at(step) and str(step) not in state["evals"]:
+        if eval_at(step) and str(step) not in state.evals:
             report = await run_eval(ctx, step, system_prompt=system_prompt)
-            state["evals"][str(step)] = report.accuracy
-            raise_alarms(ctx, state, step)
-            ctx.files.write_json("state.json", state)
-        if state.get("early_stop") or step >= until:
+            state = state.model_copy(update={"evals": {**state.evals, str(step): report.accuracy}})
+            state = raise_alarms(ctx, state, step)
+            ctx.files.write_state(STATE, state)
+        if state.early_stop or step >= until:
             return state
         began = time.monotonic()
         done = await rl_step(
@@ -145,21 +140,22 @@ async def train_until(
             stats.get("frac_all_wrong", 0),
             result.metrics.get("loss", 0.0),
             seconds,
-            eta(state["step_seconds"], until - step),
+            eta(state.step_seconds, until - step),
         )
 
 
+STATE = "state.json"
 PENDING = "train_pending"  # the batch being trained: its trajectories, until the step lands
 
 
-def record_step(
+def record_step[S: TrainState](
     ctx: RunContext,
-    state: dict[str, Any],
+    state: S,
     step: int,
     stats: dict[str, float],
     train_metrics: dict[str, float],
     seconds: float,
-) -> dict[str, Any]:
+) -> S:
     """Book a finished step: its metrics line (once), its trajectories, then the state without
     the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
     booked = any(isinstance(e, TrainEvent) and e.step == step for e in ctx.files.events())
@@ -176,35 +172,34 @@ def record_step(
     pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
     if pending.exists():
         pending.replace(pending.with_name(f"train_{step:04d}.jsonl"))
-    state = {
-        **state,
-        "pending": None,
-        "tokens_trained": state.get("tokens_trained", 0) + int(train_metrics.get("tokens", 0)),
-        "rollouts": state.get("rollouts", 0) + int(stats.get("trajectories", 0)),
-        "step_seconds": [*state.get("step_seconds", []), round(seconds, 3)],
-        "train_rewards": {
-            **state.get("train_rewards", {}),
-            str(step): stats.get("reward_mean", 0.0),
-        },
-    }
-    ctx.files.write_json("state.json", state)
+    state = state.model_copy(
+        update={
+            "pending": None,
+            "tokens_trained": state.tokens_trained + int(train_metrics.get("tokens", 0)),
+            "rollouts": state.rollouts + int(stats.get("trajectories", 0)),
+            "step_seconds": [*state.step_seconds, round(seconds, 3)],
+            "train_rewards": {**state.train_rewards, str(step): stats.get("reward_mean", 0.0)},
+        }
+    )
+    ctx.files.write_state(STATE, state)
     return state
 
 
-def recover_pending(ctx: RunContext, state: dict[str, Any], step: int) -> dict[str, Any]:
+def recover_pending[S: TrainState](
+    ctx: RunContext, state: S, pending: PendingBatch, step: int
+) -> S:
     """A kill came while a batch was being trained. If its checkpoint landed, book the step
     from the saved batch (the backend's loss and token count for it are lost, and said so);
     if not, forget it: the batch is a pure function of (seed, step) and is drawn again."""
-    pending = state["pending"]
-    if step <= pending["from_step"]:
+    if step <= pending.from_step:
         log.info("resuming: the batch for step %d had not trained; drawing it again", step + 1)
-        return {**state, "pending": None}
+        return state.model_copy(update={"pending": None})
     log.warning(
         "resuming: step %d had trained before the kill; booking it from its saved batch "
         "(its loss and token count are lost)",
         step,
     )
-    stats = {**pending["stats"], "recovered_after_kill": 1.0}
+    stats = {**pending.stats, "recovered_after_kill": 1.0}
     return record_step(ctx, state, step, stats, {}, 0.0)
 
 
@@ -216,12 +211,12 @@ def eta(step_seconds: Sequence[float], remaining: int) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def raise_alarms(ctx: RunContext, state: dict[str, Any], step: int) -> None:
+def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
     """After an evaluation: warn on reward hacking; with `patience`, decide an early stop.
     Both land in the log, metrics.jsonl (for the report) and state.json (once each)."""
     cfg = ctx.config
-    evals = {int(s): a for s, a in state["evals"].items()}
-    rewards = {int(s): r for s, r in state.get("train_rewards", {}).items()}
+    evals = {int(s): a for s, a in state.evals.items()}
+    rewards = {int(s): r for s, r in state.train_rewards.items()}
     found = [
         reward_hacking(evals, rewards, min_rise=cfg.alarm_reward_rise, min_drop=cfg.alarm_val_drop)
     ]
@@ -230,27 +225,28 @@ def raise_alarms(ctx: RunContext, state: dict[str, Any], step: int) -> None:
     for alarm in (a for a in found if a is not None):
         if alarm.kind == "early_stop":
             log.warning("step %d: %s", step, alarm.message)
-            state["early_stop"] = alarm.model_dump()
+            state = state.model_copy(update={"early_stop": alarm.model_dump()})
             ctx.files.append_event(AlarmEvent(event="early_stop", **alarm.model_dump()))
         else:
             log.warning("!!! step %d: %s", step, alarm.message)
-            state["alarms"] = [*state.get("alarms", []), alarm.model_dump()]
+            state = state.model_copy(update={"alarms": [*state.alarms, alarm.model_dump()]})
             ctx.files.append_event(AlarmEvent(event="alarm", **alarm.model_dump()))
+    return state
 
 
-def spend(state: dict[str, Any]) -> dict[str, Any]:
+def spend(state: TrainState) -> dict[str, Any]:
     """What the training so far cost, for summary.json."""
-    seconds = state.get("step_seconds", [])
+    seconds = state.step_seconds
     return {
-        "rollouts": state.get("rollouts", 0),
-        "training_tokens": state.get("tokens_trained", 0),
+        "rollouts": state.rollouts,
+        "training_tokens": state.tokens_trained,
         "seconds_per_step_median": statistics.median(seconds) if seconds else None,
     }
 
 
 async def run_rl(ctx: RunContext) -> dict[str, Any]:
     cfg = ctx.config
-    state = ctx.files.read_state("state.json", {"evals"}, "an RL run's") or {"evals": {}}
+    state = ctx.files.read_state(STATE, TrainState, "an RL run's") or TrainState()
     step = await ctx.model.get_step()
     if step > cfg.n_batches:
         raise RuntimeError(f"{ctx.files.root} is at step {step}, past n_batches={cfg.n_batches}")
@@ -263,17 +259,17 @@ async def run_rl(ctx: RunContext) -> dict[str, Any]:
         system_prompt=cfg.system_prompt,
         eval_at=lambda s: eval_due(s, cfg.n_batches, cfg.eval_every),
     )
-    evals = state["evals"]
+    evals = state.evals
     step = await ctx.model.get_step()
     summary: dict[str, Any] = {
         "val_accuracy_before": evals.get("0"),
         "val_accuracy_after": evals.get(str(step)),
         "steps": step,
         **spend(state),
-        "alarms": state.get("alarms", []),
+        "alarms": state.alarms,
     }
-    if state.get("early_stop"):
-        summary["early_stop"] = state["early_stop"]
+    if state.early_stop:
+        summary["early_stop"] = state.early_stop
     if cfg.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
     return summary

@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext, run_eval
-from art_rlvr.loops.rl import spend, train_until
-from art_rlvr.records import PromptChangeEvent
+from art_rlvr.loops.rl import STATE, spend, train_until
+from art_rlvr.records import CurvePoint, PromptChangeEvent, ScheduleState
 from art_rlvr.text import excerpt
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,14 @@ def initial_prompt(ctx: RunContext) -> str:
 
 
 async def gepa_phase(
-    ctx: RunContext, state: dict[str, Any], phase: Phase, index: int
-) -> dict[str, Any]:
+    ctx: RunContext, state: ScheduleState, phase: Phase, index: int
+) -> ScheduleState:
     """Optimise `s` with the weights as they are; adopt the best candidate if it beats `s`."""
     from art_rlvr.gepa.optimizer import run_optimizer
     from art_rlvr.loops.gepa import event_metrics
 
     cfg = ctx.config
-    old = state["prompt"]
+    old = state.prompt
     config = cfg.gepa.model_copy(update={"seed": cfg.gepa.seed * 1000 + phase.round})
     result, _ = await run_optimizer(
         ctx.model,
@@ -84,34 +84,37 @@ async def gepa_phase(
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",
         on_event=lambda e: ctx.files.append_event(event_metrics(e, ctx, phase.round)),
-        carry=state.get("frontier", []),
+        carry=state.frontier,
     )
     seed = result.candidates[0]
     best = next(c for c in result.candidates if c.index == result.best_index)
-    state["gepa_metric_calls"] = state.get("gepa_metric_calls", 0) + result.metric_calls_used
-    state["reflection_calls"] = state.get("reflection_calls", 0) + result.reflection.get("calls", 0)
-    state["reflection_errors"] = state.get("reflection_errors", 0) + result.reflection.get(
-        "error_total", 0
-    )
-    state["frontier"] = [c.prompt for c in result.frontier if c.prompt != best.prompt][
-        : cfg.gepa.pool_size - 1
-    ]
-    if best.prompt != old:
-        change = {
-            "round": phase.round,
-            "phase": index,
-            "step": await ctx.model.get_step(),
-            "old": old,
-            "new": best.prompt,
-            "old_pareto_mean": seed.mean,
-            "new_pareto_mean": best.mean,
-            "origin": best.origin,
-            "old_val_accuracy": result.seed_val_accuracy,
-            "new_val_accuracy": result.best_val_accuracy,
+    state = state.model_copy(
+        update={
+            "gepa_metric_calls": state.gepa_metric_calls + result.metric_calls_used,
+            "reflection_calls": state.reflection_calls + result.reflection.get("calls", 0),
+            "reflection_errors": state.reflection_errors + result.reflection.get("error_total", 0),
+            "frontier": [c.prompt for c in result.frontier if c.prompt != best.prompt][
+                : cfg.gepa.pool_size - 1
+            ],
         }
-        state["prompt_changes"] = [*state.get("prompt_changes", []), change]
-        state["prompt"] = best.prompt
-        ctx.files.append_event(PromptChangeEvent(**change))
+    )
+    if best.prompt != old:
+        change = PromptChangeEvent(
+            round=phase.round,
+            phase=index,
+            step=await ctx.model.get_step(),
+            old=old,
+            new=best.prompt,
+            old_pareto_mean=seed.mean,
+            new_pareto_mean=best.mean,
+            origin=best.origin,
+            old_val_accuracy=result.seed_val_accuracy,
+            new_val_accuracy=result.best_val_accuracy,
+        )
+        state = state.model_copy(
+            update={"prompt_changes": [*state.prompt_changes, change], "prompt": best.prompt}
+        )
+        ctx.files.append_event(change)
         log.info(
             "round %d: s changed (Pareto mean %.3f -> %.3f)\n  old: %s\n  new: %s",
             phase.round,
@@ -125,22 +128,24 @@ async def gepa_phase(
     return state
 
 
-async def rl_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict[str, Any]:
+async def rl_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> ScheduleState:
     """`rl_batches_per_round` RL steps with `s` held fixed (the target step is saved first, so
     a resumed phase trains exactly the steps it has left)."""
-    if state.get("phase_target") is None:
-        state["phase_target"] = await ctx.model.get_step() + ctx.config.rl_batches_per_round
-        ctx.files.write_json("state.json", state)
+    target = state.phase_target
+    if target is None:
+        target = await ctx.model.get_step() + ctx.config.rl_batches_per_round
+        state = state.model_copy(update={"phase_target": target})
+        ctx.files.write_state(STATE, state)
     return await train_until(
         ctx,
         state,
-        until=state["phase_target"],
-        system_prompt=state["prompt"],
+        until=target,
+        system_prompt=state.prompt,
         eval_at=lambda _step: False,
     )
 
 
-async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict[str, Any]:
+async def ei_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> ScheduleState:
     """One expert-iteration round under the current `s`: sample, (hint,) relabel, distil."""
     from art_rlvr.ei.expert import collect_round
     from art_rlvr.ei.files import write_round_records
@@ -152,32 +157,34 @@ async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict
     cfg, ei = ctx.config, ctx.config.ei
     teacher = None
     if ei.enable_teacher_hints:
-        counters = LLMCounters.restore(state.get("teacher_counters") or {})
+        counters = LLMCounters.restore(state.teacher_counters or {})
         teacher, _ = make_teacher(ctx.model, ei, counters)
     step = await ctx.model.get_step()
-    if state.get("phase_target") is None:  # the step before this round trains
-        state["phase_target"] = step
-        ctx.files.write_json("state.json", state)
-    if step > state["phase_target"]:
+    target = state.phase_target
+    if target is None:  # the step before this round trains
+        target = step
+        state = state.model_copy(update={"phase_target": target})
+        ctx.files.write_state(STATE, state)
+    if step > target:
         log.info("EI round %d had trained before the kill", phase.round)
         return state
-    if state.get("ei_buffer") is not None:
-        buffer = RoundBuffer.model_validate(state["ei_buffer"])
+    if state.ei_buffer is not None:
+        buffer = RoundBuffer.model_validate(state.ei_buffer)
     else:
         output = await collect_round(
             ctx.model,
             ctx.task,
             ei,
             phase.round,
-            system_prompt=state["prompt"],
+            system_prompt=state.prompt,
             teacher=teacher,
             backend=ctx.backend,
             max_exceptions=cfg.max_exceptions,
         )
         buffer = output.buffer
         write_round_records(ctx.files, output, tag="_ei")
-        state["ei_buffer"] = buffer.model_dump(mode="json")
-        ctx.files.write_json("state.json", state)
+        state = state.model_copy(update={"ei_buffer": buffer.model_dump(mode="json")})
+        ctx.files.write_state(STATE, state)
     began = time.monotonic()
     metrics = await distill_in_run(ctx, buffer, ei)
     stats = buffer.stats.model_dump()
@@ -188,13 +195,12 @@ async def ei_phase(ctx: RunContext, state: dict[str, Any], phase: Phase) -> dict
         train_metrics=metrics,
         seconds=time.monotonic() - began,
     )
-    totals = state.get("ei_totals", {})
-    for key in ("examples_distilled", "recovered", "hints_generated", "teacher_errors"):
-        totals[key] = totals.get(key, 0) + stats[key]
-    state["ei_totals"] = totals
-    if teacher is not None:
-        state["teacher_counters"] = teacher.counters.snapshot()
-    return state
+    totals = {
+        key: state.ei_totals.get(key, 0) + stats[key]
+        for key in ("examples_distilled", "recovered", "hints_generated", "teacher_errors")
+    }
+    counters = teacher.counters.snapshot() if teacher is not None else state.teacher_counters
+    return state.model_copy(update={"ei_totals": totals, "teacher_counters": counters})
 
 
 async def run_schedule(ctx: RunContext) -> dict[str, Any]:
@@ -206,38 +212,40 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
         skip_first_gepa=cfg.skip_first_gepa,
         expert_iteration=cfg.with_expert_iteration,
     )
-    keys = {"phase", "prompt", "evals", "curve"}
-    state: dict[str, Any] = ctx.files.read_state("state.json", keys, "a schedule's") or {
-        "phase": 0,
-        "prompt": initial_prompt(ctx),
-        "evals": {},
-        "curve": [],
-    }
-    if state["phase"] >= len(phases):
+    state = ctx.files.read_state(STATE, ScheduleState, "a schedule's") or ScheduleState(
+        phase=0, prompt=initial_prompt(ctx)
+    )
+    if state.phase >= len(phases):
         log.info("all %d phases of the schedule are done; finishing the summary", len(phases))
-    elif state["phase"]:
-        log.info("resuming the schedule at phase %d of %d", state["phase"] + 1, len(phases))
+    elif state.phase:
+        log.info("resuming the schedule at phase %d of %d", state.phase + 1, len(phases))
     log.info("schedule: %s", " -> ".join(p.label for p in phases))
 
-    async def record(label: str, step: int) -> None:
-        if label in state["evals"]:
-            return
-        report = await run_eval(ctx, step, system_prompt=state["prompt"], tag=f"_{label}")
-        state["evals"][label] = report.accuracy
-        state["curve"] = [*state["curve"], {"after": label, "step": step, "val": report.accuracy}]
-        ctx.files.write_json("state.json", state)
+    async def record(state: ScheduleState, label: str, step: int) -> ScheduleState:
+        if label in state.evals:
+            return state
+        report = await run_eval(ctx, step, system_prompt=state.prompt, tag=f"_{label}")
+        point = CurvePoint(after=label, step=step, val=report.accuracy)
+        state = state.model_copy(
+            update={
+                "evals": {**state.evals, label: report.accuracy},
+                "curve": [*state.curve, point],
+            }
+        )
+        ctx.files.write_state(STATE, state)
+        return state
 
-    await record("start", await ctx.model.get_step())
+    state = await record(state, "start", await ctx.model.get_step())
     for index, phase in enumerate(phases):
-        if index < state["phase"]:  # done; its evaluation too, unless a kill came between
-            await record(phase.label, await ctx.model.get_step())
+        if index < state.phase:  # done; its evaluation too, unless a kill came between
+            state = await record(state, phase.label, await ctx.model.get_step())
             continue
         log.info(
             "phase %d/%d: %s (s: %s)",
             index + 1,
             len(phases),
             phase.label,
-            excerpt(state["prompt"], 80),
+            excerpt(state.prompt, 80),
         )
         if phase.kind == "gepa":
             state = await gepa_phase(ctx, state, phase, index)
@@ -245,30 +253,31 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
             state = await rl_phase(ctx, state, phase)
         else:
             state = await ei_phase(ctx, state, phase)
-        state |= {"phase": index + 1, "phase_target": None, "ei_buffer": None}
-        ctx.files.write_json("state.json", state)
-        await record(phase.label, await ctx.model.get_step())
+        state = state.model_copy(
+            update={"phase": index + 1, "phase_target": None, "ei_buffer": None}
+        )
+        ctx.files.write_state(STATE, state)
+        state = await record(state, phase.label, await ctx.model.get_step())
     step = await ctx.model.get_step()
     summary: dict[str, Any] = {
-        "val_accuracy_before": state["evals"].get("start"),
-        "val_accuracy_after": state["curve"][-1]["val"] if state["curve"] else None,
+        "val_accuracy_before": state.evals.get("start"),
+        "val_accuracy_after": state.curve[-1].val if state.curve else None,
         "steps": step,
         **spend(state),
         "phases": [p.label for p in phases],
-        "curve": state["curve"],
-        "final_prompt": state["prompt"],
-        "prompt_changes": len(state.get("prompt_changes", [])),
-        "metric_calls_used": state.get("gepa_metric_calls", 0),
-        "reflection_calls": state.get("reflection_calls", 0),
-        "reflection_errors": state.get("reflection_errors", 0),
+        "curve": [p.model_dump() for p in state.curve],
+        "final_prompt": state.prompt,
+        "prompt_changes": len(state.prompt_changes),
+        "metric_calls_used": state.gepa_metric_calls,
+        "reflection_calls": state.reflection_calls,
+        "reflection_errors": state.reflection_errors,
     }
     if cfg.with_expert_iteration:
         # the same names as mode=ei's summary (`teacher_errors`: scenarios whose teacher call
         # failed after retries), so the end-of-run summary and the report read them
-        summary |= {k: v for k, v in state.get("ei_totals", {}).items()}
-        counters = state.get("teacher_counters") or {}
-        summary["teacher_calls"] = counters.get("calls", 0)
+        summary |= state.ei_totals
+        summary["teacher_calls"] = (state.teacher_counters or {}).get("calls", 0)
     if cfg.eval_test and ctx.task.splits["test"]:
-        report = await run_eval(ctx, step, split="test", system_prompt=state["prompt"])
+        report = await run_eval(ctx, step, split="test", system_prompt=state.prompt)
         summary["test_accuracy_after"] = report.accuracy
     return summary

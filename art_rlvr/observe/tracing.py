@@ -2,10 +2,12 @@
 
 `setup_weave(project)` calls `weave.init` only when a project is named, credentials exist and
 the trace server answers; otherwise it says once why tracing is off and the run goes on
-unchanged. The ops themselves (`art_rlvr.rollout`, `.score`, `.evaluate`, `.rl_step`,
-`.llm`, `.gepa.iteration`, `.ei.hint`, `.ei.round`) are declared where the work happens, with
-the `*_inputs` / `*_output` functions below choosing what a trace shows: ids, prompt hashes,
-rewards and feedback rather than model objects, whole datasets or an API key. The trainable
+unchanged. The ops themselves (`art_rlvr.rollout`, `.episode`, `.turn`, `.tool`, `.env`,
+`.score`, `.evaluate`, `.rl_step`, `.llm`, `.gepa.iteration`, `.ei.hint`, `.ei.round`) are
+declared where the work happens, with the `*_inputs` / `*_output` functions choosing what a
+trace shows: ids, prompt hashes, rewards and feedback rather than model objects, whole
+datasets or an API key. An episode's turns, tool calls and environment answers nest under it,
+so Weave shows the whole episode as a tree. The trainable
 model's own HTTP client is left untraced by ART (its proxy suppresses weave), so a rollout is
 one call, not two.
 """
@@ -292,3 +294,19 @@ def ei_round_output(output: Any) -> dict[str, Any]:
         "examples": len(buffer.examples),
         "hints": [h.model_dump() for h in buffer.hints],
     }
+
+
+def env_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """An environment's view of a turn: its index, the reply and what its tool calls did."""
+    turn = inputs.get("turn")
+    results = getattr(turn, "tool_results", ())
+    return {
+        "index": getattr(turn, "index", None),
+        "reply": getattr(turn, "text", None),
+        "tool_calls": [{"name": r.name, "status": r.status} for r in results],
+    }
+
+
+def env_output(reply: Any) -> Any:
+    """The environment's answer as data: messages, done, metrics, log."""
+    return reply.model_dump() if hasattr(reply, "model_dump") else reply

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from art_rlvr.loops.context import episode_means
 from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
 from art_rlvr.report import plots
-from art_rlvr.report.data import RunData, load_run
+from art_rlvr.report.data import RunData, load_run, read_trajectories
 from art_rlvr.report.page import document
 
 
@@ -19,10 +20,20 @@ def figures(run: RunData) -> dict[str, bytes]:
         "curves": plots.curves(train, evals, ei_rounds, unit),
         "groups": plots.group_fractions(train),
         "tokens": plots.tokens(train, evals, unit),
+        "episodes": plots.episodes(train, val_episode_means(run), unit),
+        "scenarios": plots.scenario_accuracy(evals, unit),
         "ei": plots.ei_counters(ei_rounds),
         "gepa": plots.gepa_proposals([p for phase in run.gepa for p in phase.proposals]),
     }
     return {name: png for name, png in drawn.items() if png is not None}
+
+
+def val_episode_means(run: RunData) -> list[tuple[int, dict[str, float]]]:
+    """Each val evaluation's multi-turn means, from its trajectory file (an evaluation's
+    metrics line carries accuracy, not episode counts)."""
+    files = [f for f in run.trajectory_files if f.kind == "val" and f.index is not None]
+    means = [(f.index, episode_means(t.metrics for t in read_trajectories(f.path))) for f in files]
+    return [(step, m) for step, m in means if m]
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:

@@ -36,19 +36,63 @@ class ReportError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A tool call as the model sent it (arguments are the raw text, valid or not)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of an episode: its role and text, the tool calls of an assistant turn,
+    and the call a `tool` message answers."""
+
+    role: str
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class Trajectory:
-    """One row of trajectories/<name>.jsonl."""
+    """One row of trajectories/<name>.jsonl: `messages` before the last sampled turn, that
+    turn's text as `completion`, and `tail` (that turn and what followed) when there is more
+    to it than its text."""
 
     scenario_id: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[Message, ...]
     completion: str
     reward: float
     feedback: str
     metrics: dict[str, Any]
+    logs: tuple[str, ...] = ()
+    tail: tuple[Message, ...] = ()
 
     @property
     def correct(self) -> bool:
         return correct_from(self.reward, self.metrics)
+
+    @property
+    def episode(self) -> tuple[Message, ...]:
+        """Every message of the episode, in order."""
+        return self.messages + (self.tail or (Message("assistant", self.completion),))
+
+    @property
+    def opening(self) -> tuple[Message, ...]:
+        """The messages before the first sampled turn: the prompt."""
+        first = next((i for i, m in enumerate(self.episode) if m.role == "assistant"), None)
+        return self.episode[:first]
+
+    @property
+    def multi_turn(self) -> bool:
+        """More than one assistant turn, or any tool call: an episode worth showing whole."""
+        episode = self.episode
+        return sum(m.role == "assistant" for m in episode) > 1 or any(
+            m.tool_calls or m.role == "tool" for m in episode
+        )
 
 
 @dataclass(frozen=True)
@@ -261,19 +305,43 @@ def read_trajectories(path: Path) -> list[Trajectory]:
 
 
 def _trajectory(raw: dict[str, Any]) -> Trajectory:
-    messages = raw.get("messages") if isinstance(raw.get("messages"), list) else []
     reward = raw.get("reward")
+    logs = raw.get("logs")
     return Trajectory(
         scenario_id=str(raw.get("scenario_id") or "?"),
-        messages=tuple(
-            {"role": str(m.get("role", "?")), "content": str(m.get("content") or "")}
-            for m in messages
-            if isinstance(m, dict)
-        ),
+        messages=_messages(raw.get("messages")),
         completion=str(raw.get("completion") or ""),
         reward=float(reward) if isinstance(reward, int | float) else 0.0,
         feedback=str(raw.get("feedback") or ""),
         metrics=raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {},
+        logs=tuple(str(line) for line in logs) if isinstance(logs, list) else (),
+        tail=_messages(raw.get("tail")),
+    )
+
+
+def _messages(raw: Any) -> tuple[Message, ...]:
+    return tuple(_message(m) for m in raw if isinstance(m, dict)) if isinstance(raw, list) else ()
+
+
+def _message(m: dict[str, Any]) -> Message:
+    calls = m.get("tool_calls") if isinstance(m.get("tool_calls"), list) else []
+    return Message(
+        role=str(m.get("role", "?")),
+        content=str(m.get("content") or ""),
+        tool_calls=tuple(_tool_call(c) for c in calls if isinstance(c, dict)),
+        tool_call_id=str(m["tool_call_id"]) if m.get("tool_call_id") is not None else None,
+        name=str(m["name"]) if m.get("name") is not None else None,
+    )
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    """An OpenAI-shaped call (`function.name`, `function.arguments`), arguments kept as text."""
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    arguments = function.get("arguments", "")
+    return ToolCall(
+        id=str(call.get("id") or ""),
+        name=str(function.get("name") or "?"),
+        arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
     )
 
 

@@ -62,6 +62,9 @@ CAPTIONS = {
     "groups": "Fraction of groups all correct / mixed / all wrong per step (only mixed groups "
     "carry a GRPO learning signal).",
     "tokens": "Tokens per completion: sampled in training, greedy in evaluation.",
+    "episodes": "Multi-turn episodes: turns, tool calls, tool errors and illegal actions per "
+    "episode, in training batches and in each evaluation.",
+    "scenarios": "Val accuracy of each scenario of the mixture at each evaluation.",
     "ei": "Expert-iteration counters per round.",
     "gepa": "GEPA proposals: the parent's minibatch mean against the proposal's.",
 }

@@ -16,6 +16,12 @@ from art_rlvr.records import EIRoundEvent, EvalEvent, Event, TrainEvent
 from art_rlvr.report.data import Proposal
 
 GREEN, RED, GREY, BLUE, ORANGE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00"
+EPISODE_PANELS = (
+    ("turns", "turns per episode"),
+    ("tool_calls", "tool calls per episode"),
+    ("tool_errors", "tool errors per episode"),
+    ("illegal_actions", "illegal actions per episode"),
+)
 EI_COUNTERS = (
     "clean_solved",
     "recovered",
@@ -183,4 +189,50 @@ def gepa_proposals(proposals: Sequence[Proposal]) -> bytes | None:
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
+def episodes(
+    train: Sequence[TrainEvent], val: Sequence[tuple[int, dict[str, float]]], unit: str
+) -> bytes | None:
+    """Multi-turn counts per episode: the training batches' means (`<count>_per_episode` in
+    metrics.jsonl) and each evaluation's (`val`: (step, means) from its trajectory file). One
+    panel per count that some episode reported; None for a single-turn run."""
+    panels = []
+    for key, title in EPISODE_PANELS:
+        name = f"{key}_per_episode"
+        xs, ys = _series(train, name)
+        points = [(step, means[name]) for step, means in val if name in means]
+        if xs or points:
+            panels.append((title, (xs, ys), points))
+    if not panels:
+        return None
+    fig = Figure(figsize=(9, 2.6 * ((len(panels) + 1) // 2)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    for n, (title, (xs, ys), points) in enumerate(panels, start=1):
+        ax = fig.add_subplot((len(panels) + 1) // 2, 2, n)
+        ax.grid(alpha=0.3)
+        if xs:
+            ax.plot(xs, ys, ".-", color=ORANGE, lw=2, label="train (sampled)")
+        if points:
+            ax.plot(*zip(*points, strict=True), "o-", color=GREEN, ms=5, label="val (greedy)")
+        ax.set(title=title, xlabel=unit)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="best", fontsize=7)
+    return _png(fig)
+
+
+def scenario_accuracy(evals: Sequence[EvalEvent], unit: str) -> bytes | None:
+    """A mixture's val accuracy per scenario at each evaluation (`by_scenario`)."""
+    val = [e for e in evals if e.split == "val" and e.by_scenario]
+    names = sorted({name for e in val for name in e.by_scenario})
+    if not names:
+        return None
+    fig, ax = _figure(3.0)
+    for name in names:
+        points = [(e.step, e.by_scenario[name]) for e in val if name in e.by_scenario]
+        ax.plot(*zip(*points, strict=True), "o-", ms=4, label=name)
+    ax.set(xlabel=unit, ylabel="val accuracy", ylim=(-0.03, 1.03))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)

@@ -1,13 +1,23 @@
 """A browsable sample of trajectories: the best and worst of every train step, and a few
 failures of every evaluation. "Watch your rollouts, don't blindly trust the reward": these are
-what a reader opens when a curve looks too good. Plain <details>, so no script is needed."""
+what a reader opens when a curve looks too good. Plain <details>, so no script is needed.
+
+A multi-turn episode is shown whole: every assistant turn with its tool calls (name and
+arguments as sent), each tool's result under the call it answers, the environment's messages
+between turns, and the episode's logs (tool errors, a turn cap)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from art_rlvr.records import EvalEvent
-from art_rlvr.report.data import RunData, Trajectory, TrajectoryFile, read_trajectories
+from art_rlvr.report.data import (
+    Message,
+    RunData,
+    Trajectory,
+    TrajectoryFile,
+    read_trajectories,
+)
 from art_rlvr.report.markup import details, esc, num, pre, section, slug
 
 MAX_TRAIN_FILES = 60  # a long run shows an even spread of its steps, first and last included
@@ -36,30 +46,81 @@ def system_prompt(run: RunData) -> str | None:
     for f in run.trajectory_files:
         for row in read_trajectories(f.path)[:1]:
             for message in row.messages:
-                if message["role"] == "system":
-                    return message["content"]
+                if message.role == "system":
+                    return message.content
     return None
+
+
+def message_block(m: Message, role: str | None = None, cls: str = "") -> str:
+    head = f'<span class="role">{esc(role or m.role)}</span>'
+    body = pre(m.content, cls) if m.content or not m.tool_calls else ""
+    calls = "".join(
+        f'<pre class="call">&#8594; {esc(c.name)}({esc(c.arguments)})</pre>' for c in m.tool_calls
+    )
+    return f'<div class="msg">{head}{body}{calls}</div>'
+
+
+def episode_block(t: Trajectory) -> str:
+    """The turns after the opening: replies, tool calls, tool results, environment messages."""
+    calls = {c.id: c for m in t.episode for c in m.tool_calls}
+    rest = t.episode[len(t.opening) :]
+    last = max((i for i, m in enumerate(rest) if m.role == "assistant"), default=-1)
+    out, turn = [], 0
+    for i, m in enumerate(rest):
+        if m.role == "assistant":
+            label = f"assistant, turn {turn}"
+            out.append(message_block(m, label, "completion" if i == last else ""))
+            turn += 1
+        elif m.role == "tool":
+            call = calls.get(m.tool_call_id or "")
+            label = f"tool result: {call.name if call else m.name or '?'}"
+            out.append(f'<div class="result">{message_block(m, label, "tool")}</div>')
+        else:
+            out.append(message_block(m, "environment" if m.role == "user" else m.role, "env"))
+    return f'<div class="episode">{"".join(out)}</div>'
+
+
+def episode_counts(t: Trajectory) -> str:
+    """'3 turns, 2 tool calls, 1 tool error, 1 illegal action' from the episode's metrics (no
+    zero counts of errors and illegal actions)."""
+    parts = []
+    for key, one, many in (
+        ("turns", "turn", "turns"),
+        ("tool_calls", "tool call", "tool calls"),
+        ("tool_errors", "tool error", "tool errors"),
+        ("illegal_actions", "illegal action", "illegal actions"),
+    ):
+        value = t.metrics.get(key)
+        if isinstance(value, int | float) and (value or key in ("turns", "tool_calls")):
+            parts.append(f"{value:g} {one if value == 1 else many}")
+    return ", ".join(parts)
 
 
 def trajectory_block(t: Trajectory, label: str, id_: str) -> str:
     tokens = t.metrics.get("completion_tokens")
+    counts = episode_counts(t) if t.multi_turn else ""
     meta = (
         f"<b>{esc(label)}</b> &middot; scenario <code>{esc(t.scenario_id)}</code> &middot; "
         f"reward {num(t.reward)} &middot; {'correct' if t.correct else 'wrong'}"
+        + (f" &middot; {esc(counts)}" if counts else "")
         + (f" &middot; {esc(tokens)} tokens" if tokens is not None else "")
     )
-    messages = "".join(
-        f'<div class="msg"><span class="role">{esc(m["role"])}</span>{pre(m["content"])}</div>'
-        for m in t.messages
+    opening = t.opening
+    prompt = "".join(message_block(m) for m in opening)
+    body = (
+        '<p class="label">episode</p>' + episode_block(t)
+        if t.multi_turn
+        else '<p class="label">completion</p>' + pre(t.completion, "completion")
     )
+    logs = details(f"logs ({len(t.logs)})", pre("\n".join(t.logs))) if t.logs else ""
     metrics = ", ".join(f"{esc(k)}={esc(num(v))}" for k, v in sorted(t.metrics.items()))
     return (
         f'<div class="traj" id="{esc(id_)}"><p class="meta">{meta}</p>'
-        + details(f"prompt ({len(t.messages)} messages)", messages)
-        + '<p class="label">completion</p>'
-        + pre(t.completion, "completion")
+        + details(f"prompt ({len(opening)} messages)", prompt)
+        + body
         + '<p class="label">feedback</p>'
         + pre(t.feedback or "(none)", "feedback")
+        + logs
         + f'<p class="small">metrics: {metrics or "-"}</p></div>'
     )
 

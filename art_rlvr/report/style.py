@@ -26,4 +26,6 @@ font-family:monospace}del{background:#ffcdd2;text-decoration:line-through}
 ins{background:#c8e6c9;text-decoration:none}del,ins{padding:0 2px}
 .change{border-left:3px solid #66bb6a;
 padding-left:10px;margin:10px 0}
+.episode .msg{margin:4px 0}.episode .result{margin-left:24px}pre.call{background:#ede7f6}
+pre.tool{background:#eceff1}pre.env{background:#fff8e1}
 """

@@ -29,6 +29,7 @@ from art_rlvr.rewards.sandbox import (
 )
 
 _MAX_COMPLETION_CHARS = 100_000
+SANDBOX_STOPS = ("crashed", "memory", "output_limit")  # the sandbox stopped it (not a timeout)
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
@@ -228,6 +229,7 @@ class CodeReward(BaseModel):
                 "pass_fraction": passed / total,
                 "format": float("```" in y),
                 "timeout": float(kind == "timeout"),
+                "sandbox_error": float(kind in SANDBOX_STOPS),
             },
         )
 
@@ -243,6 +245,7 @@ def _zero(feedback: str, kind: str, n_units: int) -> Score:
             "pass_fraction": 0.0,
             "format": 0.0,
             "timeout": 0.0,
+            "sandbox_error": 0.0,
         },
     )
 

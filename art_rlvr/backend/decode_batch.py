@@ -1,0 +1,208 @@
+"""The engine's running batch: its requests' rows, their shared KV cache and masks, and the
+per-row settings kept as CPU tensors so that one sampling call serves every row.
+
+Rows join after a prefill (left-padding the shorter side) and leave when they finish (leading
+columns no remaining row attends to are dropped), so the batch shrinks as it goes. Row state
+is plain Python (token lists, a `random.Random` for the uniform draw): the hot loop does no
+tensor work per row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from art_rlvr.backend.engine_types import Completion, SamplingParams, TokenEvent
+
+
+@dataclass
+class Request:
+    adapter: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    done: Callable[[list[Completion] | BaseException], None]
+    grammar: Any = None  # xgrammar.CompiledGrammar
+    on_token: Callable[[TokenEvent], None] | None = None
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Row:
+    request: Request
+    index: int
+    rng: random.Random  # the row's uniform draws: seeded per request and index, or shared
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    matcher: Any = None  # xgrammar.GrammarMatcher for a constrained row
+    result: Completion | None = None
+
+    @property
+    def stop_window(self) -> int:
+        """Tokens whose text must hold any stop string that the newest token completes: a
+        character takes at most 4 byte-level tokens, plus a margin for merges."""
+        return 4 * max(len(s) for s in self.request.params.stop) + 8
+
+
+@dataclass
+class Batch:
+    """The running batch: its rows, their shared KV cache, masks, positions and next logits."""
+
+    adapter: str | None
+    stack: contextlib.ExitStack
+    rows: list[Row] = field(default_factory=list)
+    cache: DynamicCache | None = None
+    attention: torch.Tensor | None = None
+    next_pos: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    temperature: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    top_p: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    remaining: dict[int, int] = field(default_factory=dict)
+    finished: dict[int, list[Row]] = field(default_factory=dict)
+
+    def settings_changed(self) -> None:
+        """Rebuild the per-row sampling settings after rows joined or left."""
+        params = [r.request.params for r in self.rows]
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+
+    def uniforms(self) -> torch.Tensor:
+        return torch.tensor([r.rng.random() for r in self.rows], dtype=torch.float64)
+
+
+def left_pad_cache(cache: DynamicCache, width: int) -> None:
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        missing = width - layer.keys.shape[-2]
+        if missing > 0:
+            pad = layer.keys.new_zeros((*layer.keys.shape[:-2], missing, layer.keys.shape[-1]))
+            layer.keys = torch.cat([pad, layer.keys], dim=-2)
+            layer.values = torch.cat([pad.clone(), layer.values], dim=-2)
+
+
+def left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    return mask if missing <= 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], 1)
+
+
+def join(
+    batch: Batch,
+    rows: list[Row],
+    cache: DynamicCache,
+    attention: torch.Tensor,
+    next_pos: torch.Tensor,
+    logits: torch.Tensor,
+) -> None:
+    """Append freshly prefilled rows to the running batch (left-padding the shorter side)."""
+    if batch.cache is None or not batch.rows:
+        batch.rows, batch.cache, batch.attention = list(rows), cache, attention
+        batch.next_pos, batch.logits = next_pos, logits
+        batch.settings_changed()
+        return
+    assert batch.attention is not None and batch.next_pos is not None and batch.logits is not None
+    width = max(batch.attention.shape[1], attention.shape[1])
+    left_pad_cache(batch.cache, width)
+    left_pad_cache(cache, width)
+    for old, new in zip(batch.cache.layers, cache.layers, strict=True):
+        old.keys = torch.cat([old.keys, new.keys], dim=0)
+        old.values = torch.cat([old.values, new.values], dim=0)
+    batch.attention = torch.cat(
+        [left_pad_mask(batch.attention, width), left_pad_mask(attention, width)], dim=0
+    )
+    batch.next_pos = torch.cat([batch.next_pos, next_pos])
+    batch.logits = torch.cat([batch.logits, logits])
+    batch.rows.extend(rows)
+    batch.settings_changed()
+
+
+def select(batch: Batch, keep: list[int]) -> None:
+    """Keep only rows `keep`; drop leading columns that no remaining row attends to."""
+    batch.rows = [batch.rows[k] for k in keep]
+    if not keep:
+        batch.cache = batch.attention = batch.next_pos = batch.logits = None
+        return
+    assert batch.cache is not None and batch.attention is not None
+    index = torch.tensor(keep, device=batch.attention.device)
+    batch.cache.batch_select_indices(index)
+    batch.attention = batch.attention[index]
+    assert batch.next_pos is not None
+    batch.next_pos = batch.next_pos[index]
+    batch.settings_changed()
+    used = batch.attention.any(dim=0).nonzero()
+    first = int(used[0]) if len(used) else 0
+    if first > 0:
+        batch.attention = batch.attention[:, first:]
+        for layer in batch.cache.layers:
+            if layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[..., first:, :]
+                layer.values = layer.values[..., first:, :]
+
+
+MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """Tokens all prompts start with, leaving each at least one of its own (for its logits)."""
+    limit = min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def left_padded(prompts: list[list[int]], pad: int, shared: int = 0) -> tuple[list, list]:
+    """Input ids and attention mask rows, left-padded; `shared` attended columns in front
+    stand for a prefix already in the cache."""
+    width = max(len(p) for p in prompts)
+    ids = [[pad] * (width - len(p)) + p for p in prompts]
+    mask = [[1] * shared + [0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    return ids, mask
+
+
+def finish(row: Row, tokenizer, eos_ids: set[int]) -> bool:
+    """Whether the row is done; if so its `result` is set."""
+    params = row.request.params
+    token = row.tokens[-1]
+    if row.matcher is not None and row.matcher.is_terminated():
+        row.result = _complete(tokenizer, row, "stop", include_last=token not in eos_ids)
+        return True
+    if token in eos_ids and not params.ignore_eos:
+        row.result = _complete(tokenizer, row, "stop", include_last=False)
+        return True
+    if params.stop and _stopped(row, tokenizer):
+        return True
+    if len(row.tokens) >= params.max_tokens:
+        row.result = _complete(tokenizer, row, "length", include_last=True)
+        return True
+    return False
+
+
+def _stopped(row: Row, tokenizer) -> bool:
+    """Whether the text now holds a stop string (then the result is cut before it).
+
+    A stop string the newest token completes lies in the text of the last few tokens, so
+    only those are decoded each step; the whole text only when one shows up there."""
+    stop = row.request.params.stop
+    tail = tokenizer.decode(row.tokens[-row.stop_window :], skip_special_tokens=True)
+    if not any(s in tail for s in stop):
+        return False
+    text = tokenizer.decode(row.tokens, skip_special_tokens=True)
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    if cut < 0:
+        return False
+    row.result = Completion(row.tokens, row.logprobs, text[:cut], "stop")
+    return True
+
+
+def _complete(tokenizer, row: Row, reason: str, *, include_last: bool) -> Completion:
+    visible = row.tokens if include_last else row.tokens[:-1]
+    text = tokenizer.decode(visible, skip_special_tokens=True)
+    return Completion(list(row.tokens), list(row.logprobs), text, reason)

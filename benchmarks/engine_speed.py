@@ -1,0 +1,286 @@
+"""Generation speed of TorchBackend's engine next to the baselines it is built on, at the SAME
+batch, in one process, on the same weights, prompts and forced token count:
+
+- `engine`: `GenerationEngine.generate`, `b` concurrent requests with distinct prompts;
+- `engine_before`: the same, with the engine module at `--before` (e.g. the last commit's:
+  `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
+- `http`: the same requests through TorchBackend's OpenAI-compatible server (OpenAI SDK);
+- `hf_generate`: transformers `model.generate` on the left-padded batch of the `b` prompts,
+  sampling, `min_new_tokens = max_new_tokens` (the fair anchor: the same batch, not batch 1);
+- `hf_generate_batch`: transformers' continuous batching (`generate_batch`, paged attention);
+- llama.cpp's single stream on the same GGUF file, when `--llama-python` can import llama_cpp.
+
+    uv run python benchmarks/engine_speed.py [--tokens 32] [--batches 1 8 32] [--repeats 2]
+        [--before /tmp/engine_before.py] [--llama-python /tmp/llama/bin/python] [--profile]
+
+Settings are interleaved within each repeat, so every ratio divides rates measured next to each
+other (the machine is shared: ratios, not absolute rates, are what carries). Prints the median
+rate and the median of per-repeat ratios to `hf_generate` at the same batch. `--profile` then
+prints where one decode step's time goes (phases of the engine, timed around its methods).
+With `--before`, it first times one sampling call of each engine on the same random logits
+(`--sampler-only` stops there). On a GPU use `--batches 1 32 128 256`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import art
+import torch
+from generation_throughput import SUBJECTS, llama_cpp_rate
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
+from art_rlvr.backend import adapters as A
+from art_rlvr.backend.engine import SamplingParams
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Write a short story about {SUBJECTS[i % 32]}."}]
+
+
+def prompt_ids(tokenizer, b: int) -> list[list[int]]:
+    rendered = [
+        tokenizer.apply_chat_template(messages(i), add_generation_prompt=True, tokenize=False)
+        for i in range(b)
+    ]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
+
+
+def params(tokens: int, i: int) -> SamplingParams:
+    return SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True)
+
+
+async def engine_rate(engine, prompts: list[list[int]], tokens: int) -> float:
+    started = time.perf_counter()
+    done = await asyncio.gather(
+        *[engine.generate(p, params(tokens, i), adapter=None) for i, p in enumerate(prompts)]
+    )
+    return sum(len(c[0].token_ids) for c in done) / (time.perf_counter() - started)
+
+
+async def http_rate(client, name: str, b: int, tokens: int) -> float:
+    async def one(i: int) -> int:
+        response = await client.chat.completions.create(
+            model=name, messages=messages(i), max_tokens=tokens, temperature=1.0, seed=i,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return response.usage.completion_tokens
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*[one(i) for i in range(b)])
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def hf_rate(base: A.Base, prompts: list[list[int]], tokens: int) -> float:
+    width = max(len(p) for p in prompts)
+    pad = base.tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with base.lock, torch.inference_mode(), base.model.disable_adapter():
+        started = time.perf_counter()
+        out = base.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+            do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad,
+        )  # fmt: skip
+        elapsed = time.perf_counter() - started
+    return (out.shape[1] - width) * len(prompts) / elapsed
+
+
+def cb_rate(model, prompts: list[list[int]], tokens: int) -> float:
+    config = GenerationConfig(
+        max_new_tokens=tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        eos_token_id=None, pad_token_id=model.config.pad_token_id or 0,
+    )  # fmt: skip
+    started = time.perf_counter()  # no inference_mode: the manager's thread writes its tensors
+    out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    elapsed = time.perf_counter() - started
+    return sum(len(o.generated_tokens) for o in out.values()) / elapsed
+
+
+def load_engine_module(path: str):
+    spec = importlib.util.spec_from_file_location("engine_before", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["engine_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class PhaseTimer:
+    """Wall time spent inside named callables of the engine's thread (a benchmark-only probe,
+    wrapped around the instance's attributes, so the engine's code is unchanged)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, owner: object, attribute: str, label: str) -> None:
+        inner: Callable = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - started
+                self.calls[label] += 1
+
+        setattr(owner, attribute, timed)
+
+    def report(self, steps: int, total: float) -> None:
+        print(f"  {steps} decode steps, {total / steps * 1e3:.1f} ms a step (wall, engine thread)")
+        for label, seconds in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
+            print(
+                f"  {label:>34}: {seconds / steps * 1e3:7.2f} ms/step "
+                f"{seconds / total:6.1%} ({self.calls[label]} calls)"
+            )
+
+
+async def profile(engine, base: A.Base, prompts: list[list[int]], tokens: int, label: str) -> None:
+    timer = PhaseTimer()
+    names = [
+        n
+        for n in ("_sample", "_finish", "_record", "_select_rows", "_prefill")
+        if hasattr(engine, n)
+    ]
+    for name in names:
+        timer.wrap(engine, name, name.strip("_"))
+    timer.wrap(base.model, "forward", "model forward (prefill + decode)")
+    timer.wrap(base.tokenizer, "decode", "tokenizer.decode")
+    started = time.perf_counter()
+    await engine_rate(engine, prompts, tokens)
+    total = time.perf_counter() - started
+    for name in names:
+        delattr(engine, name)
+    del base.model.forward, base.tokenizer.decode
+    print(f"profile of {label}, batch {len(prompts)}, {tokens} tokens:")
+    timer.report(tokens, total)
+
+
+def sampler_report(before, rows: int, vocab: int, repeats: int) -> None:
+    """One sampling call (token + untempered logprob per row) of the engine before and now,
+    on the same random logits, for three settings; medians of interleaved calls."""
+    from art_rlvr.backend.sampler import sample
+
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    uniform = torch.rand(rows, dtype=torch.float64)
+
+    def old(t, p):
+        tokens = before.sample_tokens(logits, temperature=t, top_p=p, uniform=uniform)
+        return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])
+
+    for label, temperature, top_p in (
+        ("T=1, top_p=1", 1.0, 1.0),
+        ("T=0.7, top_p=1", 0.7, 1.0),
+        ("T=1, top_p=0.9", 1.0, 0.9),
+    ):
+        t, p = torch.full((rows,), temperature), torch.full((rows,), top_p)
+        times: dict[str, list[float]] = defaultdict(list)
+        for _ in range(repeats):
+            for name, run in (
+                ("before", old),
+                ("now", lambda t, p: sample(logits, temperature=t, top_p=p, uniform=uniform)),
+            ):
+                started = time.perf_counter()
+                run(t, p)
+                times[name].append(time.perf_counter() - started)
+        b, n = statistics.median(times["before"]), statistics.median(times["now"])
+        print(
+            f"sampling {rows} rows x {vocab}, {label}: before {b * 1e3:.1f} ms, now {n * 1e3:.1f} ms ({b / n:.1f}x)"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--before", help="an engine module file to compare with (same model)")
+    parser.add_argument("--llama-python", default=sys.executable)
+    parser.add_argument("--no-cb", action="store_true", help="skip transformers generate_batch")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sampler-only", action="store_true", help="with --before: sampling only")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load[0]:.2f}")
+    if args.before:
+        sampler_report(load_engine_module(args.before), max(args.batches), 49_152, 5)
+        if args.sampler_only:
+            return
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = TorchBackend(path=tmp)
+        model = art.TrainableModel(
+            name="bench", project="bench", run_name="bench", base_model=DEFAULT_BASE_MODEL
+        )
+        await model.register(backend)
+        base_name, base = next(iter(backend._bases.items()))
+        client = model.openai_client()
+        engine = base.engine
+        before = None
+        if args.before:
+            before = load_engine_module(args.before).GenerationEngine(
+                base.model, base.tokenizer, model_lock=base.lock,
+                select_adapter=lambda name: A.select(base, name), seed=0,
+            )  # fmt: skip
+        cb_model = None
+        if not args.no_cb:
+            cb_model = AutoModelForCausalLM.from_pretrained(
+                base.path, dtype=torch.float32, attn_implementation="paged|sdpa"
+            ).eval()
+        prompts = {b: prompt_ids(base.tokenizer, b) for b in args.batches}
+        await engine_rate(engine, prompts[min(args.batches)], 4)  # warm-up
+        runs: dict[str, Callable[[int], Awaitable[float] | float]] = {
+            "hf_generate": lambda b: hf_rate(base, prompts[b], args.tokens),
+            "engine": lambda b: engine_rate(engine, prompts[b], args.tokens),
+            "http": lambda b: http_rate(client, base_name, b, args.tokens),
+        }
+        if before is not None:
+            runs["engine_before"] = lambda b: engine_rate(before, prompts[b], args.tokens)
+        if cb_model is not None:
+            runs["hf_generate_batch"] = lambda b: cb_rate(cb_model, prompts[b], args.tokens)
+        rates: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for _ in range(args.repeats):
+            for b in args.batches:
+                for name, run in runs.items():
+                    value = run(b)
+                    rates[(name, b)].append(await value if asyncio.iscoroutine(value) else value)
+        print(f"tokens/s, {args.tokens} forced tokens a request, median of {args.repeats}; ratio")
+        print("= median over repeats of rate / hf_generate at the same batch in that repeat")
+        for b in args.batches:
+            hf = rates[("hf_generate", b)]
+            for name in runs:
+                values = rates[(name, b)]
+                ratio = statistics.median(v / h for v, h in zip(values, hf, strict=True))
+                print(f"batch {b:>3} {name:>18}: {statistics.median(values):7.1f} ({ratio:.2f}x)")
+        if args.profile:
+            b = max(args.batches)
+            await profile(engine, base, prompts[b], args.tokens, "engine")
+            if before is not None:
+                await profile(before, base, prompts[b], args.tokens, "engine_before")
+        if before is not None:
+            before.close()
+        await backend.close()
+    llama = llama_cpp_rate(args.llama_python, args.tokens, args.repeats)
+    if llama is None:
+        print(f"llama.cpp: {args.llama_python} cannot import llama_cpp (optional); skipped")
+    else:
+        best = statistics.median(rates[("engine", max(args.batches))])
+        print(
+            f"llama.cpp single stream, same GGUF (Q4_1): {llama:.1f} tokens/s; engine at batch "
+            f"{max(args.batches)} / llama.cpp = {best / llama:.2f}x (measured after, alone)"
+        )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
