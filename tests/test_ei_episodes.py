@@ -139,6 +139,7 @@ async def test_scripted_round_hints_the_opening_and_relabels_every_turn(
     assert sample.input_ids[: sample.loss_mask.index(True)] == T.render_prompt(tok, clean)
 
 
+@pytest.mark.slow  # a whole loop on the embedded model; `uv run pytest -m slow`
 async def test_embedded_round_on_arith_retry_distils_no_hint_in_any_turn(
     backend, model, retry_task
 ) -> None:

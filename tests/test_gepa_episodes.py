@@ -215,6 +215,7 @@ def test_embedded_model_episodes_trimmed_to_budget(model_evals, budget) -> None:
         assert text.endswith(last) or "characters cut" in text
 
 
+@pytest.mark.slow  # a whole loop on the embedded model; `uv run pytest -m slow`
 async def test_gepa_on_arith_retry_reflects_on_whole_episodes(model, retry_task) -> None:
     """A whole GEPA iteration on `arith_retry` (embedded model, scripted reflector over
     loopback): the reflector is shown labelled multi-turn episodes with the environment's

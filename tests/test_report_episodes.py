@@ -94,6 +94,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # a real calc RL run in a subprocess; `uv run pytest -m slow`
 def test_real_calc_run_records_and_shows_its_episodes(real_run: Path) -> None:
     events = [json.loads(line) for line in (real_run / "metrics.jsonl").read_text().splitlines()]
     (train,) = [TrainEvent.model_validate(e) for e in events if e["event"] == "train"]
@@ -119,6 +120,7 @@ def test_real_calc_run_records_and_shows_its_episodes(real_run: Path) -> None:
     assert "tool result: calculator" in html and "assistant, turn 1" in html
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_real_calc_report_in_chromium(real_run: Path, tmp_path: Path) -> None:
     dom = Dom(dump_dom(real_run / "report" / "index.html", tmp_path))
