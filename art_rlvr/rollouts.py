@@ -109,7 +109,7 @@ async def rollout(
         model,
         opening,
         tools=[tool(fn, timeout_s=episode.tool_timeout_s) for fn in episode.tools],
-        tool_choice=episode.tool_choice,
+        tool_choice=sampling.tool_choice or episode.tool_choice,
         env=answerer(episode.respond) if episode.respond is not None else None,
         max_turns=episode.max_turns,
         sampling=sampling,

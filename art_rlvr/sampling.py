@@ -18,6 +18,9 @@ class SamplingConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # overrides the scenario's tool_choice for these rollouts (expert iteration's search may
+    # force a named call that its distilled episodes then train without)
+    tool_choice: str | None = None
 
 
 def rollout_seed(*parts: object) -> int:

@@ -319,10 +319,25 @@ def load_environment(spec: ScenarioSpec, path: Path, text: str) -> Environment |
     if spec.environment is None:
         return None
     try:
-        return make_environment(spec.environment.name, spec.environment.params)
+        environment = make_environment(spec.environment.name, spec.environment.params)
     except EnvironmentConfigError as error:
         key = "params" if str(error).startswith("bad parameters") else "name"
         raise ScenarioFileError(f"{_where(path, text, ('environment', key))}: {error}") from None
+    if problem := tool_choice_problem(spec.environment.tool_choice, environment.tools):
+        raise ScenarioFileError(f"{_where(path, text, ('environment', 'tool_choice'))}: {problem}")
+    return environment
+
+
+def tool_choice_problem(choice: str | None, tools: Sequence[Callable[..., Any]]) -> str | None:
+    """Why `choice` cannot be asked for with `tools` (a server would answer every request with
+    a 400, so every episode would error), or None."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return None
+    names = sorted(getattr(t, "name", None) or getattr(t, "__name__", "?") for t in tools)
+    if choice not in names:
+        listed = ", ".join(names) if names else "it has none"
+        return f"tool_choice {choice!r} is not auto, none, required or one of its tools ({listed})"
+    return None
 
 
 def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:

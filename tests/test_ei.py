@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -587,6 +588,28 @@ def test_teacher_needs_the_answer_field(tmp_path: Path) -> None:
     ctx = RunContext(parse_args(["mode=ei"]), load_task("arith"), None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="answer_field='gold' is not a field of arith"):
         check_records(ctx, cfg)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "choice", "message"),
+    [
+        (
+            "calc",
+            "divide",
+            "tool_choice 'divide' is not auto, none, required or one of its tools (multiply)",
+        ),
+        ("arith", "multiply", "(it has none) (scenario arith)"),
+    ],
+)
+def test_search_tool_choice_must_fit_the_scenario(scenario, choice, message) -> None:
+    from art_rlvr.loops.ei import check_records
+    from art_rlvr.scenario import load_task
+
+    cfg = EIConfig(search_tool_choice=choice)
+    ctx = RunContext(parse_args(["mode=ei"]), load_task(scenario), None, None, None, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        check_records(ctx, cfg)
+    assert str(caught.value).startswith("ei.search_tool_choice: tool_choice")
 
 
 _ = art  # the fixtures hand out art models

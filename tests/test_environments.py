@@ -14,7 +14,8 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import load_task
 from art_rlvr.environments.arith_retry import ArithRetry
-from art_rlvr.environments.calc import calculator
+from art_rlvr.environments.calc import calculator, multiply
+from art_rlvr.environments.calc import environment as calc_environment
 from art_rlvr.environments.tictactoe import (
     Game,
     TicTacToe,
@@ -215,6 +216,26 @@ def test_calculator_refuses(expression: str, error: str) -> None:
         calculator(expression)
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "value"),
+    [(123456, 789012, "97408265472"), (-3, 7, "-21"), (0, 10**100, "0")],
+)
+def test_multiply(a: int, b: int, value: str) -> None:
+    assert multiply(a, b) == value
+
+
+def test_multiply_refuses_a_product_beyond_its_bound() -> None:
+    with pytest.raises(ValueError, match="digits"):
+        multiply(10**800, 10**800)
+
+
+@pytest.mark.parametrize(
+    ("params", "name"), [({}, "multiply"), ({"tool": "calculator"}, "calculator")]
+)
+def test_calc_offers_the_tool_it_is_configured_with(params: dict, name: str) -> None:
+    assert [t.__name__ for t in calc_environment(**params).tools] == [name]
+
+
 # ---- environments that fail, hang or run away ------------------------------------------------
 
 FAULTY = """
@@ -325,6 +346,29 @@ async def test_a_healthy_custom_environment(faulty_dir, monkeypatch) -> None:
     assert t.metrics["env_error"] == 0 and t.metrics["reward_error"] == 0
 
 
+@pytest.mark.parametrize(
+    ("override", "first"),
+    [
+        (None, "auto"),  # the scenario's own
+        ("multiply", {"type": "function", "function": {"name": "multiply"}}),
+        ("none", "none"),
+    ],
+)
+async def test_sampling_overrides_the_scenarios_tool_choice(override, first) -> None:
+    """What expert iteration's `search_tool_choice` rides on: the rollout asks with the
+    override on turn 0, and (reset after a call, as in the Agents SDK) nothing on turn 1."""
+    sc = load_task("calc").splits["val"][0]
+    script = [
+        Step.calls(("multiply", {"a": sc.x["a"], "b": sc.x["b"]})),
+        Step.reply(str(sc.x["answer"])),
+    ]
+    with ScriptedServer(script) as server:
+        t = await rollout(scripted_model(server), sc, sampling=SamplingConfig(tool_choice=override))
+        bodies = [r.body for r in server.chat_requests]
+    assert bodies[0]["tool_choice"] == first and "tool_choice" not in bodies[1]
+    assert is_correct(t) and t.metrics["tool_calls"] == 1 and t.metrics["tool_errors"] == 0
+
+
 # ---- bad [environment] tables are one-line errors with file:line -----------------------------
 
 
@@ -338,6 +382,8 @@ async def test_a_healthy_custom_environment(faulty_dir, monkeypatch) -> None:
         ('name = "no_such_module_xyz:make"\n', ":7: cannot import 'no_such_module_xyz'"),
         ('name = "art_rlvr.environments.calc:nope"\n', ":7: 'art_rlvr.environments.calc' has no"),
         ('name = "art_rlvr.environments:Reply"\n', ":7: environment factory"),
+        ('name = "calc"\ntool_choice = "divide"\n', ":8: tool_choice 'divide' is not auto"),
+        ('name = "arith_retry"\ntool_choice = "multiply"\n', ":8: tool_choice 'multiply' is not"),
     ],
 )
 def test_bad_environment_tables(tmp_path: Path, table: str, message: str) -> None:
@@ -381,4 +427,4 @@ async def test_an_episode_with_the_embedded_model(model, name: str) -> None:
     assert t.metrics.get("env_error", 0.0) == 0.0 and t.metrics.get("reward_error", 0.0) == 0.0
     assert t.metadata["task"] == name
     if name == "calc":
-        assert t.tools and t.tools[0]["function"]["name"] == "calculator"
+        assert t.tools and t.tools[0]["function"]["name"] == "multiply"

@@ -74,14 +74,14 @@ RUN = [
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`calc` with `tool_choice` naming the calculator: turn 0 is a schema-valid call
+    """`calc` with `tool_choice` naming its tool: turn 0 is a schema-valid call
     (constrained decoding), so the episodes have tool calls and results to show."""
     root = tmp_path_factory.mktemp("episodes")
     toml = (SCENARIOS / "calc.toml").read_text()
-    toml = toml.replace('tool_choice = "auto"', 'tool_choice = "calculator"').replace(
+    toml = toml.replace('tool_choice = "auto"', 'tool_choice = "multiply"').replace(
         "train = 400, val = 50, test = 50", "train = 8, val = 2, test = 2"
     )
-    assert 'tool_choice = "calculator"' in toml and "val = 2" in toml
+    assert 'tool_choice = "multiply"' in toml and "val = 2" in toml
     (root / "calc_named.toml").write_text(toml)
     run_dir = root / "run"
     scenario = f"scenario={root / 'calc_named.toml'}"
@@ -117,7 +117,7 @@ def test_real_calc_run_records_and_shows_its_episodes(real_run: Path) -> None:
         for m in row["messages"]:
             if m["role"] == "tool":
                 assert escape(m["content"]) in html
-    assert "tool result: calculator" in html and "assistant, turn 1" in html
+    assert "tool result: multiply" in html and "assistant, turn 1" in html
 
 
 @pytest.mark.slow
@@ -146,7 +146,7 @@ async def episode(scenario: Scenario, script: list[Step]) -> art.Trajectory:
 
 
 def product(x: dict[str, Any]) -> str:
-    return json.dumps({"expression": f"{x['a']} * {x['b']}"})
+    return json.dumps({"a": x["a"], "b": x["b"]})
 
 
 async def scripted_groups() -> dict[str, list[art.TrajectoryGroup]]:
@@ -156,12 +156,12 @@ async def scripted_groups() -> dict[str, list[art.TrajectoryGroup]]:
     game = load_task("tictactoe").splits["val"][0]
     x0, x1 = calc[0].x, calc[1].x
     solved = await episode(
-        calc[0], [Step.calls(("calculator", product(x0))), Step.reply(str(x0["answer"]))]
+        calc[0], [Step.calls(("multiply", product(x0))), Step.reply(str(x0["answer"]))]
     )
     capped = await episode(  # calls the tool on every turn: the cap ends it mid-call
         calc[1],
-        [Step.calls(("calculator", json.dumps({"expression": HOSTILE})))]
-        + [Step.calls(("calculator", product(x1)))] * 3,
+        [Step.calls(("multiply", json.dumps({"a": HOSTILE, "b": 1})))]
+        + [Step.calls(("multiply", product(x1)))] * 3,
     )
     retried = await episode(
         retry, [Step.reply(str(retry.x["answer"] + 1)), Step.reply(str(retry.x["answer"]))]
@@ -219,7 +219,7 @@ def test_browser_shows_whole_episodes(scripted_run: Path) -> None:
     assert capped["tail"][0]["tool_calls"] and capped["tail"][-1]["role"] == "tool"
     for name, arguments in calls_of(capped):
         assert shown_call(name, arguments) in html
-    assert escape(json.dumps({"expression": HOSTILE})) in html and HOSTILE not in html
+    assert escape(json.dumps({"a": HOSTILE, "b": 1})) in html and HOSTILE not in html
     assert escape(capped["tail"][-1]["content"]) in html
     assert "4 turns, 4 tool calls, 1 tool error" in html
     assert "turn cap: the episode wanted more than 4 turns" in html

@@ -42,8 +42,8 @@ async def main():
     assert setup_weave("tester/episodes")
     out = {
         "calc": await episode("calc", lambda x: [
-            Step.calls(("calculator", {"expression": f"{x['a']} * {x['b']}"}),
-                       ("calculator", {"expression": "2 +* 3"})),
+            Step.calls(("multiply", {"a": x["a"], "b": x["b"]}),
+                       ("multiply", {"a": "2 +* 3", "b": 1})),
             Step.reply(str(x["answer"])),
         ]),
         "arith_retry": await episode("arith_retry", lambda x: [
@@ -110,20 +110,20 @@ def test_calc_episode_has_a_span_per_turn_and_per_tool_call(traced) -> None:
     first, second = sorted(turns, key=lambda c: c["inputs"]["index"])
     assert [m["role"] for m in first["inputs"]["messages"]] == ["system", "user"]
     called = [c["function"]["name"] for c in first["output"]["tool_calls"]]
-    assert called == ["calculator", "calculator"]
+    assert called == ["multiply", "multiply"]
     # turn 1 saw both tool results, and its output is the answer
     seen = [m for m in second["inputs"]["messages"] if m["role"] == "tool"]
     x = calc["x"]
     assert [m["content"] for m in seen][:1] == [str(x["a"] * x["b"])]
-    assert "cannot read" in seen[1]["content"]
+    assert "do not match its schema" in seen[1]["content"]
     assert second["output"]["content"] == str(x["answer"])
     # each tool span: the name and arguments the model sent, what came back
     by_args = {c["inputs"]["arguments"]: c for c in tools}
-    good = by_args[json.dumps({"expression": f"{x['a']} * {x['b']}"})]
-    bad = by_args[json.dumps({"expression": "2 +* 3"})]
-    assert good["inputs"]["name"] == "calculator" and good["output"]["status"] == "ok"
+    good = by_args[json.dumps({"a": x["a"], "b": x["b"]})]
+    bad = by_args[json.dumps({"a": "2 +* 3", "b": 1})]
+    assert good["inputs"]["name"] == "multiply" and good["output"]["status"] == "ok"
     assert good["output"]["content"] == str(x["answer"])
-    assert bad["output"]["status"] != "ok" and "cannot read" in bad["output"]["error"]
+    assert bad["output"]["status"] != "ok" and "do not match its schema" in bad["output"]["error"]
     assert episode["output"]["metrics"]["tool_errors"] == calc["metrics"]["tool_errors"] == 1
     assert "art_rlvr.env" not in spans  # calc has no environment turns, only tools
     (rollout,) = spans["art_rlvr.rollout"]

@@ -57,6 +57,13 @@ class EIConfig(BaseModel):
         default=1.0, ge=0.0, le=5.0, description="attempt sampling temperature"
     )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="attempt nucleus sampling")
+    search_tool_choice: str | None = Field(
+        default=None,
+        description=(
+            "tool_choice of the attempts (a tool's name: a model that never calls the tool "
+            "finds successes); distilled episodes train and are evaluated without it"
+        ),
+    )
 
     # teacher hints
     enable_teacher_hints: bool = Field(

@@ -270,7 +270,10 @@ async def collect_round(
     """Sample, select, hint, verify and relabel one round; no weights change here."""
     cfg = config
     sampling = SamplingConfig(
-        max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        tool_choice=cfg.search_tool_choice,
     )
     scenarios = batch_scenarios(
         task.splits["train"], cfg.scenarios_per_round, cfg.seed, round_index

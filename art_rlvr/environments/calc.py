@@ -1,6 +1,11 @@
 """`calc`: products of two numbers of up to six digits, far beyond what a small model can
-multiply in its head, with a `calculator` tool. The answer is scored by the numeric reward of
-the scenario's `[reward]` table on the final reply; tool calls, errors and turns are counted.
+multiply in its head, with a tool. The answer is scored by the numeric reward of the scenario's
+`[reward]` table on the final reply; tool calls, errors and turns are counted.
+
+Two tools, chosen by the `tool` parameter. `multiply(a, b)` (the default) takes two whole
+numbers: under a named `tool_choice` the grammar admits only digits, so a 135M model's forced
+call is valid whenever it copies the numbers. `calculator(expression)` takes free text: the same
+model, forced into a string, wrote `}}` or nothing into it (0 valid calls of 50, 2026-11-23).
 
 The calculator evaluates + - * / // % ** and parentheses over numbers by walking Python's
 syntax tree (no `eval`), with bounds so that `9**9**9` is an error, not a hang.
@@ -13,6 +18,7 @@ import operator
 from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,12 +86,27 @@ def calculator(expression: str) -> str:
     return show(evaluate(tree))
 
 
+def multiply(a: int, b: int) -> str:
+    """Multiply two whole numbers exactly.
+
+    Args:
+        a: the first number.
+        b: the second number.
+    """
+    return show(bounded(Fraction(a) * Fraction(b)))
+
+
+TOOLS: dict[str, Callable[..., str]] = {"multiply": multiply, "calculator": calculator}
+
+
 class Calc(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_turns: int = Field(default=4, ge=1)
+    tool: Literal["multiply", "calculator"] = "multiply"
 
 
 def environment(**params) -> Environment:
     """No environment turns: the model calls the tool as often as it likes, then answers."""
-    return Environment(tools=(calculator,), max_turns=Calc(**params).max_turns)
+    config = Calc(**params)
+    return Environment(tools=(TOOLS[config.tool],), max_turns=config.max_turns)
