@@ -28,8 +28,8 @@ from art_rlvr.config_keys import (
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import LLMRole, renamed
+from art_rlvr.mixture import MixtureEntry, parse_mixture
 from art_rlvr.policy import PolicyRole
-from art_rlvr.scenario import MixtureEntry, parse_mixture
 
 # One line per mode, for the log and the report's title.
 MODE_TITLES = {

@@ -19,12 +19,13 @@ from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template,
 from art_rlvr.backend.model_source import declares_chat_template
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
+from art_rlvr.mixture import Mixture, load_scenarios
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.policy import PolicyError, read_key
 from art_rlvr.records import EvalEvent, RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
-from art_rlvr.scenario import Mixture, Task, load_scenarios
+from art_rlvr.scenario import Task
 from art_rlvr.sources import ScenarioFileError
 
 if TYPE_CHECKING:

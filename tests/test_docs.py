@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from art_rlvr.config import parse_args
-from art_rlvr.scenario import load_scenarios
+from art_rlvr.mixture import load_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

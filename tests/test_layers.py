@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("config and loops", {"config", "config_keys", "config_reference", "loops"}),
     ("extensions", {"gepa", "ei"}),
     ("rollouts", {"evaluation", "rollouts", "episodes", "tools", "sampling", "policy"}),
-    ("tasks", {"scenario", "rewards", "sources", "leakage", "environments"}),
+    ("tasks", {"scenario", "mixture", "rewards", "sources", "leakage", "environments"}),
     ("backend", {"backend"}),
     ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),

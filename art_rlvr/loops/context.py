@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import art
 
 from art_rlvr.evaluation import EvalReport, SampledReport, evaluate
+from art_rlvr.mixture import Mixture
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.outcome import is_correct
 from art_rlvr.records import EvalEvent
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.runfiles import RunFiles
-from art_rlvr.scenario import Mixture, Scenario, Task
+from art_rlvr.scenario import Scenario, Task
 
 if TYPE_CHECKING:
     from art_rlvr.config import RunConfig
