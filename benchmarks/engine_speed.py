@@ -4,6 +4,8 @@ batch, in one process, on the same weights, prompts and forced token count:
 - `engine`: `GenerationEngine.generate`, `b` concurrent requests with distinct prompts;
 - `engine_before`: the same, with the engine module at `--before` (e.g. the last commit's:
   `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
+- `engine_not_invariant`: the same engine with `batch_invariant=False` (on CPU the engine is
+  batch-invariant by default: row-wise attention, no shared-prefix prefill), the price of it;
 - `http`: the same requests through TorchBackend's OpenAI-compatible server (OpenAI SDK);
 - `hf_generate`: transformers `model.generate` on the left-padded batch of the `b` prompts,
   sampling, `min_new_tokens = max_new_tokens` (the fair anchor: the same batch, not batch 1);
@@ -41,7 +43,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
 from art_rlvr.backend import adapters as A
-from art_rlvr.backend.engine import SamplingParams
+from art_rlvr.backend.engine import GenerationEngine, SamplingParams
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -232,6 +234,12 @@ async def main() -> None:
                 base.model, base.tokenizer, model_lock=base.lock,
                 select_adapter=lambda name: A.select(base, name), seed=0,
             )  # fmt: skip
+        free = None
+        if engine.batch_invariant:  # the price of batch invariance, side by side
+            free = GenerationEngine(
+                base.model, base.tokenizer, model_lock=base.lock,
+                select_adapter=lambda name: A.select(base, name), seed=0, batch_invariant=False,
+            )  # fmt: skip
         cb_model = None
         if not args.no_cb:
             cb_model = AutoModelForCausalLM.from_pretrained(
@@ -246,6 +254,8 @@ async def main() -> None:
         }
         if before is not None:
             runs["engine_before"] = lambda b: engine_rate(before, prompts[b], args.tokens)
+        if free is not None:
+            runs["engine_not_invariant"] = lambda b: engine_rate(free, prompts[b], args.tokens)
         if cb_model is not None:
             runs["hf_generate_batch"] = lambda b: cb_rate(cb_model, prompts[b], args.tokens)
         rates: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -267,8 +277,9 @@ async def main() -> None:
             await profile(engine, base, prompts[b], args.tokens, "engine")
             if before is not None:
                 await profile(before, base, prompts[b], args.tokens, "engine_before")
-        if before is not None:
-            before.close()
+        for other in (before, free):
+            if other is not None:
+                other.close()
         await backend.close()
     llama = llama_cpp_rate(args.llama_python, args.tokens, args.repeats)
     if llama is None:

@@ -9,7 +9,8 @@ import openai
 import pytest
 import torch
 
-from art_rlvr.backend.engine import sample_tokens
+from art_rlvr.backend import adapters as A
+from art_rlvr.backend.engine import GenerationEngine, SamplingParams, sample_tokens
 
 MESSAGES = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 
@@ -91,23 +92,72 @@ def logprob_tolerance(backend) -> float:
 
 
 async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(model, backend):
-    """Distinct prompts that share a system prompt, sent together: the shared prefix is run
-    once (the engine counts the tokens it skipped) and every greedy completion and its
-    logprobs match the same prompt sent alone."""
-    engine = next(iter(backend._bases.values())).engine
+    """Distinct prompts that share a system prompt, sent together: on an engine that is not
+    batch-invariant the shared prefix is run once (the engine counts the tokens it skipped) and
+    every greedy completion and its logprobs match the same prompt sent alone."""
+    base = next(iter(backend._bases.values()))
+    engine = GenerationEngine(
+        base.model,
+        base.tokenizer,
+        model_lock=base.lock,
+        select_adapter=lambda name: A.select(base, name),
+        batch_invariant=False,
+    )
     system = {"role": "system", "content": "You are a careful calculator. Reply with a number."}
     questions = ["What is 2 + 2?", "What is 17 - 9, exactly?", "Add 3 and 40.", "What is 6+1?"]
-    chats = [[system, {"role": "user", "content": q}] for q in questions]
-    settings = {"max_tokens": 6, "temperature": 0, "logprobs": True}
-    alone = [await create(model, messages=m, **settings) for m in chats]
-    saved = engine.stats.prefix_tokens_saved
-    together = await asyncio.gather(*[create(model, messages=m, **settings) for m in chats])
-    assert engine.stats.prefix_tokens_saved - saved >= 3 * 8
-    for a, b in zip(alone, together, strict=True):
-        assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
-        assert [t.logprob for t in a.choices[0].logprobs.content] == pytest.approx(
-            [t.logprob for t in b.choices[0].logprobs.content], abs=logprob_tolerance(backend)
+    prompts = [
+        base.tokenizer.apply_chat_template(
+            [system, {"role": "user", "content": q}], add_generation_prompt=True
+        )["input_ids"]
+        for q in questions
+    ]
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    try:
+        alone = [(await engine.generate(p, greedy, adapter=None))[0] for p in prompts]
+        together = await asyncio.gather(
+            *[engine.generate(p, greedy, adapter=None) for p in prompts]
         )
+        assert engine.stats.prefix_tokens_saved >= 3 * 8
+    finally:
+        engine.close()
+    for a, (b,) in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=logprob_tolerance(backend))
+
+
+async def test_the_cpu_engine_is_batch_invariant(model, backend):
+    """The same prompts through the backend's own engine, alone and together with arrivals
+    staggered across decode steps: no shared prefix (a prompt's cache must not depend on its
+    neighbours) and bit-identical seeded tokens and logprobs."""
+    engine = next(iter(backend._bases.values())).engine
+    if not engine.batch_invariant:
+        pytest.skip("batch-invariant decoding is the CPU engine's; this engine batches freely")
+    chats = [
+        [
+            {"role": "system", "content": "You are a careful calculator."},
+            {"role": "user", "content": q},
+        ]
+        for q in ["What is 17 times 23?", "2+2?", "Write a haiku about rain on a tin roof."]
+    ]
+    settings = {"max_tokens": 12, "temperature": 1.0, "seed": 5, "n": 2, "logprobs": True}
+
+    def record(reply):
+        return [
+            (c.model_extra["token_ids"], [t.logprob for t in c.logprobs.content])
+            for c in reply.choices
+        ]
+
+    async def later(i, messages):
+        await asyncio.sleep(0.1 * i)
+        return await create(model, messages=messages, **settings)
+
+    saved = engine.stats.prefix_tokens_saved
+    alone = [record(await create(model, messages=m, **settings)) for m in chats]
+    together = [
+        record(r) for r in await asyncio.gather(*[later(i, m) for i, m in enumerate(chats)])
+    ]
+    assert engine.stats.prefix_tokens_saved == saved
+    assert alone == together
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from contextlib import AbstractContextManager
 import torch
 from transformers import DynamicCache
 
+from art_rlvr.backend import invariant
 from art_rlvr.backend.constrained import Grammars
 from art_rlvr.backend.decode_batch import (
     MIN_SHARED_PREFIX,
@@ -77,6 +78,7 @@ class GenerationEngine:
         coalesce_seconds: float = 0.004,
         seed: int = 0,
         max_context: int = 2048,
+        batch_invariant: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -86,6 +88,10 @@ class GenerationEngine:
         self.coalesce_seconds = coalesce_seconds
         self.max_context = max_context
         self.device = next(model.parameters()).device
+        # a row's tokens independent of its batch: on CPU by default (see invariant.py)
+        wanted = self.device.type == "cpu" if batch_invariant is None else batch_invariant
+        self.batch_invariant = wanted and invariant.install(model)
+        self._flags = {invariant.FLAG: True} if self.batch_invariant else {}
         self.eos_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = EngineStats()
@@ -196,7 +202,12 @@ class GenerationEngine:
                 if not self._draining.is_set():
                     admitted = self._admit(batch)
                     if admitted:
-                        self._prefill(batch, admitted)
+                        try:
+                            self._prefill(batch, admitted)
+                        except Exception as error:  # not yet rows of the batch: fail them here
+                            for request in admitted:
+                                request.done(error)
+                            raise
                 if batch.rows:
                     self._step(batch)
                 if not batch.rows:
@@ -249,6 +260,8 @@ class GenerationEngine:
     def _open(self, adapter: str | None) -> Batch:
         stack = contextlib.ExitStack()
         stack.enter_context(self.model_lock)
+        if self.batch_invariant:
+            invariant.hook_linears(self.model)  # LoRA layers added since the last batch
         try:
             stack.enter_context(self.select_adapter(adapter))
         except BaseException:
@@ -311,7 +324,7 @@ class GenerationEngine:
         self.stats.prompt_tokens += sum(len(p) for p in prompts)
         shared = shared_prefix(prompts) if len(prompts) > 1 else 0
         cache = DynamicCache()
-        if shared >= MIN_SHARED_PREFIX:
+        if shared >= MIN_SHARED_PREFIX and not self.batch_invariant:
             self._prefill_prefix(prompts[0][:shared], len(prompts), cache)
             self.stats.prefix_tokens_saved += shared * (len(prompts) - 1)
         else:
@@ -327,6 +340,7 @@ class GenerationEngine:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **self._flags,
         )
         cache.batch_select_indices(owner)
         logits = out.logits[owner, -1, :].float()
@@ -369,6 +383,7 @@ class GenerationEngine:
             position_ids=batch.next_pos[:, None],
             past_key_values=batch.cache,
             use_cache=True,
+            **self._flags,
         )
         batch.logits = out.logits[:, -1, :].float()
         batch.next_pos = batch.next_pos + 1
