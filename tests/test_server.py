@@ -234,3 +234,14 @@ def test_sample_tokens_follows_the_tempered_filtered_distribution(
     frequencies = torch.bincount(tokens, minlength=5).double() / rows
     assert frequencies.tolist() == pytest.approx(expected, abs=0.015)
     assert frequencies[4] == 0
+
+
+async def test_a_failed_prefill_fails_its_requests_and_the_engine_goes_on(model, backend):
+    """A request whose prefill raises (a token id outside the vocabulary) gets the error
+    instead of waiting forever, and the engine serves the next request."""
+    engine = next(iter(backend._bases.values())).engine
+    greedy = SamplingParams(max_tokens=2, temperature=0)
+    with pytest.raises(IndexError):
+        await asyncio.wait_for(engine.generate([10**9], greedy, adapter=None), timeout=120)
+    (ok,) = await asyncio.wait_for(engine.generate([1, 2, 3], greedy, adapter=None), timeout=120)
+    assert len(ok.token_ids) >= 1

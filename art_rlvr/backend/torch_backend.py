@@ -57,6 +57,7 @@ class TorchBackend:
         default_max_tokens: int = 256,
         microbatch_size: int = 8,
         max_step_adapters: int = 4,
+        batch_invariant: bool | None = None,
     ) -> None:
         self._path = str(path)
         pin_malloc_mmap_threshold()
@@ -73,6 +74,8 @@ class TorchBackend:
         self.default_max_tokens = default_max_tokens
         self.microbatch_size = microbatch_size
         self.max_step_adapters = max_step_adapters
+        # None: on CPU, where it makes seeded runs repeat (backend/invariant.py); False: faster
+        self.batch_invariant = batch_invariant
         self._bases: dict[str, _Base] = {}
         self._trainees: dict[str, Trainee] = {}
         self._api_key = new_api_key()
@@ -323,6 +326,7 @@ class TorchBackend:
             max_batch_rows=self.max_batch_rows,
             seed=self.seed,
             max_context=self.max_context,
+            batch_invariant=self.batch_invariant,
         )
 
     def _step_adapter(self, trainee: Trainee, step: int) -> str:
