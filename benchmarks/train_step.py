@@ -1,8 +1,9 @@
 """Cost of one GRPO step and one SFT step on the embedded model, and what the
 completion-only logits buy: the same policy-gradient loss computed with full-vocabulary logits
-at every position (the naive way), measured side by side in one process; then what
-length-bucketed microbatches buy over arrival-order ones (padded positions, seconds), and the
-user / kernel (sys) CPU time of the backward pass at 1 and 2 torch threads.
+at every position (the naive way), measured side by side in one process; then what the
+microbatch layout buys: arrival order, length-bucketed, and a group's prompt computed once for
+its rows (`rl_step`'s layout), in seconds and computed positions, with the user / kernel (sys)
+CPU time of the backward pass at 1 and 2 torch threads.
 
     uv run python benchmarks/train_step.py [--repeats 3] [--groups 6] [--group-size 6]
 
@@ -25,6 +26,7 @@ import art
 import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_task
+from art_rlvr.backend import steps
 from art_rlvr.backend import train as T
 from art_rlvr.backend.steps import sample_length
 
@@ -46,20 +48,35 @@ def naive_logprobs(model, prompts, completions, pad):
     return logps[:, -k:], mask
 
 
-def in_order(samples: list[T.Sample], size: int = 8) -> list[list[T.Sample]]:
-    return [samples[i : i + size] for i in range(0, len(samples), size)]
+Layout = list[tuple[bool, list[T.Sample]]]  # (shares its prompt, microbatch)
 
 
-def bucketed(samples: list[T.Sample], size: int = 8) -> list[list[T.Sample]]:
-    return T.length_buckets(samples, size, sample_length)
+def in_order(samples: list[T.Sample], size: int = 8) -> Layout:
+    return [(False, samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
-def timed_backward(model, samples, pad, logprob_fn, chunks=in_order) -> float:
+def bucketed(samples: list[T.Sample], size: int = 8) -> Layout:
+    return [(False, c) for c in T.length_buckets(samples, size, sample_length)]
+
+
+def shared_prompt(samples: list[T.Sample], size: int = 8) -> Layout:
+    """What `rl_step` does: a group's prompt computed once for its rows, the rest bucketed."""
+    return steps.microbatches(samples, size)
+
+
+LAYOUTS = {"in order": in_order, "bucketed": bucketed, "shared prompt": shared_prompt}
+
+
+def timed_backward(model, layout: Layout, pad, logprob_fn=None) -> float:
+    """Forward and backward of a CISPO loss over the microbatches; `logprob_fn` replaces the
+    step's own (`steps.chunk_logprobs`) for per-sequence microbatches."""
     started = time.perf_counter()
-    for chunk in chunks(samples):
-        prompts = [s.prompt_ids for s in chunk]
-        comps = [s.completion_ids for s in chunk]
-        new, mask = logprob_fn(model, prompts, comps, pad)
+    for shared, chunk in layout:
+        if logprob_fn is None:
+            new, mask = steps.chunk_logprobs(model, chunk, shared, pad)
+        else:
+            comps = [s.completion_ids for s in chunk]
+            new, mask = logprob_fn(model, [s.prompt_ids for s in chunk], comps, pad)
         adv = torch.tensor([s.advantage for s in chunk])
         loss, _ = T.policy_loss(
             new, new.detach(), adv, mask, loss_fn="cispo", epsilon=1.0, epsilon_high=4.0
@@ -69,43 +86,52 @@ def timed_backward(model, samples, pad, logprob_fn, chunks=in_order) -> float:
     return time.perf_counter() - started
 
 
-def gflops(samples_chunks: list[list[T.Sample]], seconds: float) -> float:
-    """Forward + input-gradient backward FLOPs of the padded microbatches, per second."""
-    positions = sum(max(sample_length(s) for s in c) * len(c) for c in samples_chunks)
-    kept = sum(max(len(s.completion_ids) for s in c) * len(c) for c in samples_chunks)
+def computed(layout: Layout) -> tuple[int, int, int]:
+    """(real, computed, kept-logit) positions: padded rows, and a shared prompt counted once."""
+    real = sum(sample_length(s) for _, c in layout for s in c)
+    done = kept = 0
+    for shared, chunk in layout:
+        k = max(len(s.completion_ids) for s in chunk)
+        kept += k * len(chunk)
+        if shared:
+            done += len(chunk[0].prompt_ids) + k * len(chunk)
+        else:
+            done += max(sample_length(s) for s in chunk) * len(chunk)
+    return real, done, kept
+
+
+def gflops(layout: Layout, seconds: float) -> float:
+    """Forward + input-gradient backward FLOPs of the computed positions, per second."""
+    _, positions, kept = computed(layout)
     return 4 * (NON_EMBEDDING_PARAMS * positions + HIDDEN * VOCAB * kept) / seconds / 1e9
 
 
-def buckets_report(model, samples: list[T.Sample], pad: int, repeats: int) -> None:
-    """Arrival-order vs length-bucketed microbatches of 8, and the backward pass's user and
-    kernel CPU time at 1 and 2 torch threads (interleaved repeats, medians)."""
-    lengths = {
-        name: [[sample_length(s) for s in c] for c in chunks(samples)]
-        for name, chunks in (("in order", in_order), ("bucketed", bucketed))
-    }
+def layouts_report(model, samples: list[T.Sample], pad: int, repeats: int) -> None:
+    """Arrival-order, length-bucketed and shared-prompt microbatches of 8, with the backward
+    pass's user and kernel CPU time at 1 and 2 torch threads (interleaved repeats, medians)."""
     threads = torch.get_num_threads()
     times: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for _ in range(repeats):
-        for name, chunks in (("in order", in_order), ("bucketed", bucketed)):
-            for n in sorted({1, 2}):
+        for name, make in LAYOUTS.items():
+            for n in (1, 2):
                 torch.set_num_threads(n)
                 before = resource.getrusage(resource.RUSAGE_SELF)
-                wall = timed_backward(model, samples, pad, T.completion_logprobs, chunks)
+                wall = timed_backward(model, make(samples), pad)
                 after = resource.getrusage(resource.RUSAGE_SELF)
                 times.setdefault((name, n), []).append(
                     (wall, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
                 )
     torch.set_num_threads(threads)
     tokens = sum(s.trained_count for s in samples)
+    medians = {key: statistics.median(v[0] for v in values) for key, values in times.items()}
     for (name, n), values in times.items():
         wall, user, sys_ = (statistics.median(v[i] for v in values) for i in range(3))
-        real, padded = T.padded_tokens(lengths[name])
-        chunks = in_order(samples) if name == "in order" else bucketed(samples)
+        real, done, _ = computed(LAYOUTS[name](samples))
         print(
-            f"backward {name:>8}, {n} thread(s): {wall:.2f} s, {tokens / wall:.0f} trained "
-            f"tokens/s, {gflops(chunks, wall):.1f} GFLOP/s (peak ~160); positions {real} real / "
-            f"{padded} padded ({padded / real - 1:.0%} padding); CPU user {user:.2f} s sys "
-            f"{sys_:.2f} s"
+            f"backward {name:>13}, {n} thread(s): {wall:.2f} s "
+            f"({medians[('bucketed', n)] / wall:.2f}x bucketed), {tokens / wall:.0f} trained "
+            f"tokens/s, {gflops(LAYOUTS[name](samples), wall):.1f} GFLOP/s (peak ~160); "
+            f"positions {real} real / {done} computed; CPU user {user:.2f} s sys {sys_:.2f} s"
         )
 
 
@@ -149,14 +175,15 @@ async def main() -> None:
         ours, naive = [], []
         with base.lock:
             for _ in range(args.repeats):
-                ours.append(timed_backward(base.model, samples, pad, T.completion_logprobs))
-                naive.append(timed_backward(base.model, samples, pad, naive_logprobs))
+                layout = bucketed(samples)
+                ours.append(timed_backward(base.model, layout, pad, T.completion_logprobs))
+                naive.append(timed_backward(base.model, layout, pad, naive_logprobs))
         o, n = statistics.median(ours), statistics.median(naive)
         print(
             f"policy_loss backward, completion-only logits: {o:.2f} s; full-vocabulary logits: {n:.2f} s; speed-up {n / o:.2f}x"
         )
         with base.lock:
-            buckets_report(base.model, samples, pad, args.repeats)
+            layouts_report(base.model, samples, pad, args.repeats)
         sft = [
             art.Trajectory(
                 messages_and_choices=[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from art_rlvr.backend import steps
@@ -71,4 +72,76 @@ async def test_bucketed_microbatches_give_the_unbucketed_loss_and_gradient(backe
         torch.cat([g.flatten() for g in grads_a]),
         torch.cat([g.flatten() for g in grads_b]),
     )
+    assert float((flat_a - flat_b).norm() / flat_a.norm()) < 1e-4
+
+
+def groups(seed: int) -> list[T.Sample]:
+    """Three GRPO-like groups (one prompt, completions of different lengths) and two samples
+    whose prompts nobody shares."""
+    rng = random.Random(seed)
+    out: list[T.Sample] = []
+    for size in (5, 3, 1, 1, 2):
+        prompt = [rng.randrange(100, 5000) for _ in range(rng.randint(8, 40))]
+        out += [
+            T.Sample(
+                prompt_ids=prompt,
+                completion_ids=[rng.randrange(100, 5000) for _ in range(rng.randint(1, 20))],
+                old_logprobs=None,
+                advantage=rng.choice([-1.0, 0.5, 1.0]),
+            )
+            for _ in range(size)
+        ]
+    return out
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_microbatches_put_a_group_together_and_keep_every_item(size: int) -> None:
+    items = groups(0)
+    chunks = steps.microbatches(items, size)
+    assert sorted(id(s) for _, c in chunks for s in c) == sorted(map(id, items))
+    assert all(len(c) <= size for _, c in chunks)
+    for shared, chunk in chunks:
+        if shared:
+            assert len({tuple(s.prompt_ids) for s in chunk}) == 1
+    alone = [s for shared, c in chunks if not shared for s in c]
+    assert len(alone) == 2  # the two prompts of group size 1
+    costs = [max(map(steps.sample_length, c)) for _, c in chunks]
+    assert costs == sorted(costs, reverse=True)
+
+
+async def test_a_shared_prompt_gives_the_per_sample_logprobs_loss_and_gradient(
+    backend, model
+) -> None:
+    """fp32: a group's prompt run once and shared by its rows gives each completion's
+    logprobs, the mask, the loss and the LoRA gradients of running every sequence in full."""
+    trainee = backend._trainees[model.name]
+    base = trainee.base
+    params = [p for g in trainee.optimizer.param_groups for p in g["params"]]
+    items = groups(1)
+    results = []
+    with base.lock:
+        base.model.set_adapter(trainee.adapter)
+        group = items[:5]
+        full, full_mask = T.completion_logprobs(
+            base.model, [s.prompt_ids for s in group], [s.completion_ids for s in group], 2
+        )
+        shared, shared_mask = T.shared_prompt_logprobs(
+            base.model, group[0].prompt_ids, [s.completion_ids for s in group], 2
+        )
+        assert torch.equal(full_mask, shared_mask)
+        assert torch.allclose(full[full_mask], shared[shared_mask], atol=1e-4)
+        for chunks in ([(False, items)], steps.microbatches(items, 4)):
+            total = torch.zeros(())
+            for is_shared, chunk in chunks:
+                new, mask = steps.chunk_logprobs(base.model, chunk, is_shared, pad=2)
+                old = new.detach() - 0.3
+                advantages = torch.tensor([s.advantage for s in chunk])
+                loss, _ = T.policy_loss(
+                    new, old, advantages, mask, loss_fn="ppo", epsilon=0.2, epsilon_high=0.2
+                )
+                total = total + loss
+            results.append((total.detach(), torch.autograd.grad(total, params)))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.allclose(loss_a, loss_b, rtol=1e-5, atol=1e-5)
+    flat_a, flat_b = (torch.cat([g.flatten() for g in grads]) for grads in (grads_a, grads_b))
     assert float((flat_a - flat_b).norm() / flat_a.norm()) < 1e-4

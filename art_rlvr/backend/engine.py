@@ -52,6 +52,7 @@ from art_rlvr.backend.engine_types import (
     TokenEvent,
     eos_ids,
 )
+from art_rlvr.backend.malloc import release_free_memory
 from art_rlvr.backend.sampler import sample, sample_tokens
 
 __all__ = [
@@ -213,6 +214,8 @@ class GenerationEngine:
                 if not batch.rows:
                     batch.stack.close()
                     batch = None
+                    if not self._pending and self._queue.empty():
+                        release_free_memory()  # idle: give the batch's freed memory back
             except Exception as error:  # a bad batch must not kill the server
                 if batch is None and self._pending:  # could not even open: fail its requests
                     adapter = self._pending[0].adapter

@@ -50,10 +50,8 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
         base.model.set_adapter(trainee.adapter)
         set_lr(trainee.optimizer, cfg.learning_rate)
         trainee.optimizer.zero_grad(set_to_none=True)
-        for chunk in T.length_buckets(samples, cfg.microbatch_size, sample_length):
-            prompts = [s.prompt_ids for s in chunk]
-            comps = [s.completion_ids for s in chunk]
-            new, mask = T.completion_logprobs(base.model, prompts, comps, pad)
+        for shared, chunk in microbatches(samples, cfg.microbatch_size):
+            new, mask = chunk_logprobs(base.model, chunk, shared, pad)
             mask = mask & trained_mask(chunk, new.shape[1], new.device)
             old = old_logprobs(chunk, new)
             adv = torch.tensor([s.advantage for s in chunk], device=new.device)
@@ -68,7 +66,7 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
             )
             if cfg.kl_coef > 0:
                 with torch.no_grad(), base.model.disable_adapter():
-                    ref, _ = T.completion_logprobs(base.model, prompts, comps, pad)
+                    ref, _ = chunk_logprobs(base.model, chunk, shared, pad)
                 kl = T.kl_k3(new, ref, mask)
                 loss = loss + cfg.kl_coef * kl
                 out["kl"] += float(kl) / tokens
@@ -138,6 +136,28 @@ def score(
             )
             out.extend(float(v) for v in (logps * mask).sum(-1))
     return out
+
+
+def microbatches(samples: list[T.Sample], size: int) -> list[tuple[bool, list[T.Sample]]]:
+    """(shared, chunk) pairs: samples with the same prompt (a group's) go together, at most
+    `size` a chunk, and share its prefill; the others are length-bucketed. Longest first."""
+    by_prompt: dict[tuple[int, ...], list[T.Sample]] = {}
+    for sample in samples:
+        by_prompt.setdefault(tuple(sample.prompt_ids), []).append(sample)
+    groups = [g for g in by_prompt.values() if len(g) > 1]
+    alone = [g[0] for g in by_prompt.values() if len(g) == 1]
+    chunks = [(True, g[i : i + size]) for g in groups for i in range(0, len(g), size)]
+    chunks += [(False, c) for c in T.length_buckets(alone, size, sample_length)]
+    return sorted(chunks, key=lambda c: max(map(sample_length, c[1])), reverse=True)
+
+
+def chunk_logprobs(
+    model: torch.nn.Module, chunk: list[T.Sample], shared: bool, pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    completions = [s.completion_ids for s in chunk]
+    if shared:
+        return T.shared_prompt_logprobs(model, chunk[0].prompt_ids, completions, pad)
+    return T.completion_logprobs(model, [s.prompt_ids for s in chunk], completions, pad)
 
 
 def sample_length(sample: T.Sample) -> int:

@@ -33,7 +33,7 @@ from art_rlvr.backend.art_options import warn_unknown
 from art_rlvr.backend.chat import render_ids, text_content
 from art_rlvr.backend.chat_templates import model_tokenizer
 from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams
-from art_rlvr.backend.malloc import pin_malloc_mmap_threshold
+from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
 
@@ -245,6 +245,7 @@ class TorchBackend:
             "assistant_turns": float(stats.turns),
         }
         await asyncio.to_thread(A.advance, trainee, optimizer_state=save_checkpoint)
+        await asyncio.to_thread(release_free_memory)
         if verbose:
             log.info("train step %d: %s", trainee.step, metrics)
         return art.TrainResult(step=trainee.step, metrics=metrics)
@@ -277,6 +278,7 @@ class TorchBackend:
                 S.sft_step, trainee, batch, float(rate), self.microbatch_size
             )
         await asyncio.to_thread(A.advance, trainee, optimizer_state=True)
+        await asyncio.to_thread(release_free_memory)
 
     async def score_completions(
         self,

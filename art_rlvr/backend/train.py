@@ -7,6 +7,7 @@ because fp32 logits over the 49k vocabulary at every prompt position would domin
 backward pass. Microbatches are length-bucketed (`length_buckets`): the loss is a sum over
 tokens divided by the step's token count, so which samples share a microbatch does not change
 it, while grouping similar lengths removes most padded positions from forward and backward.
+A GRPO group's samples share their prompt: `shared_prompt_logprobs` runs it once for the group.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from transformers import DynamicCache
 
 from art_rlvr.backend.train_data import (
     AssistantTurns,
@@ -66,6 +68,7 @@ __all__ = [
     "sequence_sample",
     "sft_loss",
     "sft_samples",
+    "shared_prompt_logprobs",
     "trajectory_samples",
 ]
 
@@ -122,6 +125,41 @@ def completion_logprobs(
     logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]
     mask = [[0] * (k - len(c)) + [1] * len(c) for c in completions]
     return logps, torch.tensor(mask, device=weights.device).bool()
+
+
+def shared_prompt_logprobs(
+    model: torch.nn.Module, prompt: list[int], completions: list[list[int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` for completions of one prompt (a GRPO group): the prompt runs once
+    and its KV cache, gradients included, is shared by every row, so a step computes the
+    prompt's positions once per group instead of once per sample. Completions are right-padded
+    (causal attention never lets a real token see a pad); the result is right-aligned, [B, K]."""
+    device = model.get_input_embeddings().weight.device
+    cache = DynamicCache()
+    head = model(
+        input_ids=torch.tensor([prompt], device=device),
+        position_ids=torch.arange(len(prompt), device=device)[None],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits
+    rows, k = len(completions), max(len(c) for c in completions)
+    cache.batch_repeat_interleave(rows)
+    ids = torch.tensor([c + [pad] * (k - len(c)) for c in completions], device=device)
+    positions = torch.arange(len(prompt), len(prompt) + k, device=device)
+    tail = model(
+        input_ids=ids,
+        position_ids=positions[None].expand(rows, k),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=k,
+    ).logits
+    logits = torch.cat([head.expand(rows, 1, -1), tail[:, :-1]], dim=1)  # predicts ids[:, j]
+    left = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None])[..., 0]
+    lengths = torch.tensor([len(c) for c in completions], device=device)
+    column = torch.arange(k, device=device)[None] - (k - lengths)[:, None]  # right-align
+    mask = column >= 0
+    return left.gather(1, column.clamp(min=0)), mask
 
 
 def policy_loss(
