@@ -119,6 +119,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     )
     log.info("config: %s", cfg.model_dump_json())
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
+    log.info("threads: %s", _threads())
     tracing = setup_weave(cfg.weave_project)
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
@@ -268,6 +269,14 @@ def _package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "not installed (run from source)"
+
+
+def _threads() -> dict[str, int | str | None]:
+    """What sets a run's speed on CPU, logged beside its config (see art_rlvr/__init__.py)."""
+    import torch
+
+    variables = ("OMP_NUM_THREADS", "GOMP_SPINCOUNT")
+    return {"torch": torch.get_num_threads(), **{k: os.environ.get(k) for k in variables}}
 
 
 def _versions() -> dict[str, str]:

@@ -69,3 +69,48 @@ def test_training_logits_are_unchanged_by_the_installed_attention(base) -> None:
     assert invariant.install(inner)
     assert inner.config._attn_implementation == invariant.ATTENTION
     assert torch.equal(inner(**ids).logits, before)
+
+
+@pytest.mark.parametrize(
+    ("q_len", "kv_len", "causal"),
+    [(1, 7, False), (1, 65, False), (3, 40, False), (40, 40, True), (9, 130, True)],
+)
+def test_attention_of_a_row_does_not_depend_on_the_rows_sharing_its_call(q_len, kv_len, causal):
+    """The kernel behind grouping: a row's output is bit-identical alone and among 2-33 rows
+    (sdpa's CPU kernel is not, at one query), and agrees with sdpa to float rounding."""
+    gen = torch.Generator().manual_seed(q_len * kv_len)
+    query = torch.randn(33, 9, q_len, 64, generator=gen)
+    key, value = torch.randn(2, 33, 3, kv_len, 64, generator=gen)
+    mask = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len) if causal else None
+    with torch.inference_mode():
+        alone = torch.cat(
+            [invariant._attend(query[b : b + 1], key[b : b + 1], value[b : b + 1], mask, 0.125)
+             for b in range(33)]
+        )  # fmt: skip
+        reference = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=0.125, enable_gqa=True
+        )  # the mask, not is_causal: queries sit at the end of the keys
+        assert (alone - reference).abs().max() < 1e-5
+        for count in (2, 3, 4, 8, 33):
+            rows = torch.randperm(33, generator=gen)[:count]
+            together = invariant._attend(query[rows], key[rows], value[rows], mask, 0.125)
+            assert torch.equal(together, alone[rows])
+
+
+def test_rows_that_pad_alike_attend_in_one_group() -> None:
+    """Decoding 5 rows whose prompts left-padded by 0, 2, 0, 2 and 3: three groups, each row's
+    queries and keys its own, the contiguous rows as a slice (a view)."""
+    pads = [0, 2, 0, 2, 3]
+    visible = torch.tensor([[0] * p + [1] * (10 - p) for p in pads], dtype=torch.bool)
+    query = torch.zeros(5, 9, 1, 64)
+    groups = invariant._plan(visible[:, None, None, :], query, 10)
+    assert [(members(g.index), g.rows, g.keys, g.mask) for g in groups] == [
+        ([0, 2], slice(0, 1), slice(0, 10), None),
+        ([1, 3], slice(0, 1), slice(2, 10), None),
+        ([4], slice(0, 1), slice(3, 10), None),
+    ]
+    assert isinstance(groups[2].index, slice)
+
+
+def members(index: slice | torch.Tensor) -> list[int]:
+    return list(range(index.start, index.stop)) if isinstance(index, slice) else index.tolist()

@@ -8,19 +8,21 @@ forwards (training forwards are untouched, bit for bit):
 
 - every linear layer sees a row count padded to a multiple of `ROW_MULTIPLE` (measured on the
   model's shapes: a row's output is then bit-identical whatever the count and its place);
-- attention runs one row at a time over that row's own keys (padding and join gaps dropped),
-  with the same call for the same row whatever else is in flight.
+- attention sees only a row's own keys (padding and join gaps dropped): rows that see the same
+  key positions in the same way (in decoding: the rows whose prompts padded alike) attend
+  together in batched matmuls and a softmax whose per-row result does not depend on how many
+  rows share the call (sdpa's CPU kernel does not have that property at one query: measured).
 
-The cost is a loop over rows in each attention layer, and no shared-prefix prefill (a prompt's
+The cost is a few calls per layer instead of one, and no shared-prefix prefill (a prompt's
 cache must not depend on which prompts arrived beside it).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -33,7 +35,7 @@ ROW_MULTIPLE = 4
 
 
 def install(model: torch.nn.Module) -> bool:
-    """Route `model`'s attention through `rowwise_attention` and pad its linears' rows.
+    """Route `model`'s attention through `row_invariant_attention` and pad its linears' rows.
 
     False (and nothing changed) where the model does not use transformers' attention
     interface, so the engine falls back to ordinary batching.
@@ -43,7 +45,7 @@ def install(model: torch.nn.Module) -> bool:
         return False
     if base.config._attn_implementation not in ("sdpa", ATTENTION):
         return False  # eager, flash or a custom kernel: not ours to replace
-    AttentionInterface.register(ATTENTION, rowwise_attention)
+    AttentionInterface.register(ATTENTION, row_invariant_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
     base.set_attn_implementation(ATTENTION)
     hook_linears(model)
@@ -91,7 +93,7 @@ def _unpad_rows(padded: dict[int, tuple[torch.Tensor, torch.Size]]):
     return hook
 
 
-def rowwise_attention(
+def row_invariant_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -101,8 +103,9 @@ def rowwise_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa, one batch row at a time over the keys that row may see; plain sdpa unless the
-    caller passed `row_invariant=True` (the engine does; training never does)."""
+    """Each group of rows that see the same keys in the same way attends in one call of
+    `_attend`; plain sdpa unless the caller passed `row_invariant=True` (the engine does;
+    training never does)."""
     if not kwargs.pop(FLAG, False) or any(
         kwargs.get(k) is not None for k in ("sliding_window", "softcap", "position_bias")
     ):
@@ -110,56 +113,119 @@ def rowwise_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     batch, heads, q_len, dim = query.shape
-    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    scale = scaling if scaling is not None else dim**-0.5
     out = query.new_zeros(batch, q_len, heads, dim)
-    for b, rows, keys, mask, causal in _plan(attention_mask, batch, q_len, key.shape[2]):
-        result = F.scaled_dot_product_attention(
-            query[b : b + 1, :, rows],
-            key[b : b + 1, :, keys],
-            value[b : b + 1, :, keys],
-            attn_mask=mask,
-            is_causal=causal,
-            scale=scaling,
-            enable_gqa=gqa,
+    for group in _plan(attention_mask, query, key.shape[2]):
+        result = _attend(
+            _take(query, group.index)[:, :, group.rows],
+            _take(key, group.index)[:, :, group.keys],
+            _take(value, group.index)[:, :, group.keys],
+            group.mask,
+            scale,
         )
-        out[b, rows] = result[0].transpose(0, 1)
+        out[_cell(group.index, group.rows)] = result.transpose(1, 2)
     return out, None
 
 
-Plan = list[tuple[int, slice | torch.Tensor, slice | torch.Tensor, torch.Tensor | None, bool]]
-PLAN = "_art_rlvr_rowwise_plan"
+def _attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention in three batched ops whose per-row result does not depend on the
+    batch count (sdpa's CPU flash kernel splits differently with the batch: measured).
+
+    Query heads are grouped onto their key head (GQA, as `repeat_interleave` would pair them)
+    so keys and values are never copied; `mask` is [q, k], True where a query sees a key.
+    """
+    rows, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads * q_len, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        scores.masked_fill_(~mask.repeat(heads // kv_heads, 1), float("-inf"))
+    return torch.matmul(scores.softmax(-1), value).reshape(rows, heads, q_len, dim)
 
 
-def _plan(mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int) -> Plan:
-    """Per row: the queries that see something, the keys they see, and how (no mask, causal,
-    or the explicit mask). Worked out once per forward: every layer gets the same mask."""
-    if mask is None:  # no padding anywhere: causal, queries at the end
-        full = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)
-        return [_row(b, full) for b in range(batch)]
+Index = slice | torch.Tensor
+
+
+class Group(NamedTuple):
+    """Batch rows that attend alike: their queries `rows` see keys `keys` through `mask`."""
+
+    index: Index
+    rows: Index
+    keys: Index
+    mask: torch.Tensor | None
+
+
+PLAN = "_art_rlvr_invariant_plan"
+
+
+def _take(tensor: torch.Tensor, index: Index) -> torch.Tensor:
+    return tensor[index] if isinstance(index, slice) else tensor.index_select(0, index)
+
+
+def _cell(index: Index, rows: Index) -> tuple[Index, Index]:
+    """`out[index, rows]` as a [group, rows] block, also where both are index tensors."""
+    if isinstance(index, torch.Tensor) and isinstance(rows, torch.Tensor):
+        return index[:, None], rows[None, :]
+    return index, rows
+
+
+def _plan(mask: torch.Tensor | None, query: torch.Tensor, kv_len: int) -> list[Group]:
+    """The groups of one forward, worked out once (every layer gets the same mask)."""
+    batch, _, q_len, _ = query.shape
+    if mask is None:  # no padding anywhere: causal, queries at the end, every row alike
+        full = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
+        entry = _row(full.tril(kv_len - q_len))
+        return _groups([(b, entry) for b in range(batch)], query.device)
     plan = getattr(mask, PLAN, None)
     if plan is None:
         visible = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
-        plan = [entry for b in range(batch) if (entry := _row(b, visible[b])) is not None]
+        plan = _groups([(b, _row(visible[b])) for b in range(batch)], query.device)
         setattr(mask, PLAN, plan)
     return plan
 
 
-def _row(b: int, visible: torch.Tensor):
-    rows = _span(visible.any(1).nonzero().squeeze(-1))
-    keys = _span(visible.any(0).nonzero().squeeze(-1))
-    if rows is None or keys is None:
+Signature = tuple[tuple[int, ...], tuple[int, ...], bytes | None]
+
+
+def _row(visible: torch.Tensor) -> tuple[Signature, Group] | None:
+    """What one row attends with (`index` left to `_groups`), and its hashable signature."""
+    rows = visible.any(1).nonzero().squeeze(-1)
+    keys = visible.any(0).nonzero().squeeze(-1)
+    if rows.numel() == 0 or keys.numel() == 0:
         return None
     seen = visible[rows][:, keys]
-    if bool(seen.all()):
-        return b, rows, keys, None, False
-    if seen.shape[0] == seen.shape[1] and torch.equal(seen, torch.ones_like(seen).tril()):
-        return b, rows, keys, None, True
-    return b, rows, keys, seen.to(visible.device), False
+    mask = None if bool(seen.all()) else seen
+    signature = (
+        tuple(rows.tolist()),
+        tuple(keys.tolist()),
+        None if mask is None else mask.cpu().numpy().tobytes(),
+    )
+    return signature, Group(slice(0), _span(rows), _span(keys), mask)
 
 
-def _span(index: torch.Tensor) -> slice | torch.Tensor | None:
-    """A contiguous index as a slice (a view: no copy), else the index; None if empty."""
-    if index.numel() == 0:
-        return None
+def _groups(
+    rows: list[tuple[int, tuple[Signature, Group] | None]], device: torch.device
+) -> list[Group]:
+    """Rows with one signature become one group (its batch rows as a slice where contiguous)."""
+    members: dict[Signature, list[int]] = {}
+    first: dict[Signature, Group] = {}
+    for b, entry in rows:
+        if entry is not None:
+            members.setdefault(entry[0], []).append(b)
+            first.setdefault(entry[0], entry[1])
+    return [
+        first[s]._replace(index=_span(torch.tensor(batch_rows, device=device)))
+        for s, batch_rows in members.items()
+    ]
+
+
+def _span(index: torch.Tensor) -> slice | torch.Tensor:
+    """A contiguous index as a slice (a view: no copy), else the index."""
     first, last = int(index[0]), int(index[-1])
     return slice(first, last + 1) if last - first + 1 == index.numel() else index
