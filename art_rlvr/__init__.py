@@ -10,11 +10,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 # weave (imported by ART) reports errors and a session to sentry.io at exit unless this is
 # false; a run talks to nothing the user did not name. Set it to true to opt back in.
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-# OpenMP threads that find no work spin before sleeping (libgomp: 300,000 spins by default).
-# Two such processes on the same cores (two runs, a run beside a notebook) then steal each
-# other's cores: a pair of evaluations took 5.4x their time alone. 1,000 is what libgomp uses
-# itself when it knows it is oversubscribed: the pair then takes 1.15x, one run alone ~4 % longer
-# (docs/results.md). Read when torch loads, so only if art_rlvr is imported first.
+# torch's OpenMP threads spin before they sleep (libgomp: 300,000 spins by default). Two such
+# processes on the same cores (two runs, a run beside a notebook's backend) then spin on cores
+# the other needs: a pair of evaluations took 5.4x one alone. libgomp drops to 100-1,000 spins
+# itself when it sees more threads than cores in its own process; 1,000 here makes the pair take
+# 1.2x, one run alone ~4 % longer (benchmarks/shared_cores.py). Read when torch loads: only
+# if art_rlvr is imported first (the CLI always is).
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 from art_rlvr._lazy import lazy_exports

@@ -1,0 +1,75 @@
+"""Two runs on the same cores: how much each slows the other, by OpenMP spin setting.
+
+torch's OpenMP threads (libgomp) spin before they sleep when they run out of work: 300,000
+spins by default. Two processes at 2 threads each on 2 cores then keep spinning on cores the
+other process needs. art_rlvr sets `GOMP_SPINCOUNT=1000` when it is imported before torch
+(`art_rlvr/__init__.py`); this measures why, with a CLI evaluation of `arith`:
+
+- `alone`: one `python -m art_rlvr.run scenario=arith mode=eval` (process start to end);
+- `pair`: two of them started together; `pair / alone` is 2.0 if the cores were simply shared.
+
+Settings alternate within each repeat; the machine should be otherwise idle.
+
+    uv run python benchmarks/shared_cores.py [--val-limit 30] [--spins 300000 1000] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def evaluation(spins: str, val_limit: int, run_dir: Path) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "art_rlvr.run", "scenario=arith", "mode=eval", "eval_test=false",
+        f"val_limit={val_limit}", f"run_dir={run_dir}",
+    ]  # fmt: skip
+    env = {**os.environ, "GOMP_SPINCOUNT": spins}
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def timed(spins: str, val_limit: int, count: int, tmp: Path) -> float:
+    """Seconds until all `count` evaluations started together have finished."""
+    started = time.perf_counter()
+    runs = [
+        evaluation(spins, val_limit, tmp / f"{spins}-{time.time_ns()}-{i}") for i in range(count)
+    ]
+    for run in runs:
+        _, err = run.communicate()
+        if run.returncode != 0:
+            raise SystemExit(f"an evaluation failed:\n{err.decode()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--val-limit", type=int, default=30)
+    parser.add_argument("--spins", nargs="+", default=["300000", "1000"])
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, {args.val_limit} val prompts")
+    seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeats):
+            for spins in args.spins:
+                for label, count in (("alone", 1), ("pair", 2)):
+                    seconds[(spins, label)].append(timed(spins, args.val_limit, count, Path(tmp)))
+    for spins in args.spins:
+        alone = statistics.median(seconds[(spins, "alone")])
+        pair = statistics.median(seconds[(spins, "pair")])
+        print(
+            f"GOMP_SPINCOUNT={spins:>7}: alone {alone:6.1f} s, pair {pair:6.1f} s, "
+            f"pair / alone {pair / alone:.2f} (2.00 = the cores simply shared)"
+        )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
