@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import jinja2
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -114,8 +115,8 @@ def build_app(
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
-        except (ValueError, TypeError, KeyError) as error:
-            return _error(400, f"bad request: {error}")
+        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as error:
+            return _error(400, f"bad request: {error}")  # the model's template may raise too
         if req.stream:
             return StreamingResponse(
                 _sse(req, prompt_ids, first, events, route),
