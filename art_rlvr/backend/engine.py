@@ -38,6 +38,7 @@ from art_rlvr.backend.decode_batch import (
     Batch,
     Request,
     Row,
+    drop_cancelled,
     finish,
     join,
     left_padded,
@@ -123,8 +124,12 @@ class GenerationEngine:
 
             loop.call_soon_threadsafe(settle)
 
-        await self._submit(prompt_ids, params, n, adapter, done, None)
-        return await future
+        request = await self._submit(prompt_ids, params, n, adapter, done, None)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancelled = True  # its rows leave the batch before the next step
+            raise
 
     async def stream(
         self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
@@ -137,14 +142,17 @@ class GenerationEngine:
         def push(item: TokenEvent | list[Completion] | BaseException) -> None:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
-        await self._submit(prompt_ids, params, n, adapter, push, push)
-        while True:
-            item = await items.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if isinstance(item, list):
-                return
+        request = await self._submit(prompt_ids, params, n, adapter, push, push)
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, list):
+                    return
+        finally:  # cancelled, closed or done: an abandoned stream stops generating
+            request.cancelled = True
 
     async def _submit(
         self,
@@ -154,7 +162,7 @@ class GenerationEngine:
         adapter: str | None,
         done: Callable[[list[Completion] | BaseException], None],
         on_token: Callable[[TokenEvent], None] | None,
-    ) -> None:
+    ) -> Request:
         if not prompt_ids:
             raise ValueError("empty prompt")
         if len(prompt_ids) + params.max_tokens > self.max_context:
@@ -167,7 +175,9 @@ class GenerationEngine:
             if params.grammar is not None
             else None
         )
-        self._queue.put(Request(adapter, list(prompt_ids), params, n, done, grammar, on_token))
+        request = Request(adapter, list(prompt_ids), params, n, done, grammar, on_token)
+        self._queue.put(request)
+        return request
 
     def close(self) -> None:
         self._queue.put(None)
@@ -209,8 +219,10 @@ class GenerationEngine:
                             for request in admitted:
                                 request.done(error)
                             raise
+                self.stats.cancelled_requests += len(drop_cancelled(batch))
                 if batch.rows:
                     self._step(batch)
+                self.stats.running_rows = len(batch.rows)
                 if not batch.rows:
                     batch.stack.close()
                     batch = None
@@ -225,6 +237,7 @@ class GenerationEngine:
                         request.done(error)
                 self._fail(batch, error)
                 batch = None
+                self.stats.running_rows = 0
 
     def _coalesce(self) -> None:
         """Let a burst of requests arrive so they share the first prefill."""
@@ -278,6 +291,7 @@ class GenerationEngine:
         A request for another adapter blocks younger ones, so it is served when the batch
         drains instead of waiting forever under constant load.
         """
+        self._pending = [r for r in self._pending if not r.cancelled]
         room = self.max_batch_rows - len(batch.rows)
         admitted: list[Request] = []
         rest: list[Request] = []
@@ -373,9 +387,9 @@ class GenerationEngine:
         self.stats.completion_tokens += len(batch.rows)
         if len(keep) < len(batch.rows):
             select(batch, keep)
+            if not batch.rows:  # before indexing with an empty (float) tensor, which raises
+                return
             chosen = chosen[torch.tensor(keep, device=chosen.device)]
-        if not batch.rows:
-            return
         assert batch.attention is not None and batch.next_pos is not None
         batch.attention = torch.cat(
             [batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1
