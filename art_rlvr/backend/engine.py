@@ -55,6 +55,7 @@ from art_rlvr.backend.engine_types import (
 )
 from art_rlvr.backend.malloc import release_free_memory
 from art_rlvr.backend.sampler import sample, sample_tokens
+from art_rlvr.backend.threads import ThreadTuner, set_threads, usable_cores
 
 __all__ = [
     "Completion",
@@ -81,6 +82,8 @@ class GenerationEngine:
         seed: int = 0,
         max_context: int = 2048,
         batch_invariant: bool | None = None,
+        threads: int | None = None,
+        max_threads: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -100,6 +103,11 @@ class GenerationEngine:
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.grammars = Grammars(tokenizer, vocab_size, self.eos_ids)
         self._rng = random.Random(seed)  # the uniform draws of rows without a seed
+        # the engine thread's thread count: `threads`, or chosen by timing its steps (on CPU)
+        self.tuner = ThreadTuner(
+            threads or max_threads or usable_cores(),
+            fixed=threads is not None or self.device.type != "cpu",
+        )
         self._queue: queue.Queue[Request | None] = queue.Queue()
         self._pending: list[Request] = []
         self._draining = threading.Event()
@@ -196,6 +204,9 @@ class GenerationEngine:
     # ---------------------------------------------------------------- worker
     def _worker(self) -> None:
         torch.set_grad_enabled(False)
+        with self.model_lock:
+            self.tuner.verify(self._probe_logits)
+        set_threads(self.tuner.current)
         batch: Batch | None = None
         while True:
             try:
@@ -221,7 +232,7 @@ class GenerationEngine:
                             raise
                 self.stats.cancelled_requests += len(drop_cancelled(batch))
                 if batch.rows:
-                    self._step(batch)
+                    self._timed_step(batch)
                 self.stats.running_rows = len(batch.rows)
                 if not batch.rows:
                     batch.stack.close()
@@ -377,6 +388,40 @@ class GenerationEngine:
             logits_to_keep=1,
         )
         cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def _probe_logits(self) -> torch.Tensor:
+        """A prefill of six left-padded prompts and one decode step on the engine's path: what
+        the tuner compares across thread counts."""
+        prompts = [[10 + (7 * i + 13 * j) % 500 for j in range(3 + 2 * i)] for i in range(6)]
+        ids, mask = left_padded(prompts, self.pad_id)
+        attention = torch.tensor(mask, device=self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache, rows = DynamicCache(), len(prompts)
+        common = {"past_key_values": cache, "use_cache": True, **self._flags}
+        first = self.model(
+            input_ids=torch.tensor(ids, device=self.device),
+            attention_mask=attention,
+            position_ids=positions,
+            logits_to_keep=1,
+            **common,
+        ).logits[:, -1]
+        following = self.model(
+            input_ids=first.argmax(-1)[:, None],
+            attention_mask=torch.cat([attention, attention.new_ones((rows, 1))], dim=1),
+            position_ids=positions[:, -1:] + 1,
+            **common,
+        ).logits[:, -1]
+        return torch.cat([first, following])
+
+    def _timed_step(self, batch: Batch) -> None:
+        """One step at the thread count the tuner picks, timed for it."""
+        threads, rows = self.tuner.threads_for_next_step(), len(batch.rows)
+        set_threads(threads)
+        started = time.perf_counter()
+        self._step(batch)
+        self.tuner.record(threads, rows, time.perf_counter() - started)
+        set_threads(self.tuner.current)  # what a prefill or the next batch starts with
 
     @torch.inference_mode()
     def _step(self, batch: Batch) -> None:
