@@ -15,6 +15,8 @@ import art
 import pytest
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+from art_rlvr.backend import adapters as A
+from art_rlvr.backend.engine import GenerationEngine
 
 _names = itertools.count()
 
@@ -54,6 +56,24 @@ def make_model(backend: TorchBackend):
 
     async def make(prefix: str = "m") -> art.TrainableModel:
         return await new_model(backend, prefix)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_engine(backend: TorchBackend):
+    """Factory: another GenerationEngine on the shared base model (a model must be registered
+    first, e.g. the `model` fixture), with `options`; close it after use."""
+
+    def make(**options) -> GenerationEngine:
+        base = next(iter(backend._bases.values()))
+        return GenerationEngine(
+            base.model,
+            base.tokenizer,
+            model_lock=base.lock,
+            select_adapter=lambda name: A.select(base, name),
+            **options,
+        )
 
     return make
 

@@ -9,8 +9,7 @@ import openai
 import pytest
 import torch
 
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend.engine import GenerationEngine, SamplingParams, sample_tokens
+from art_rlvr.backend.engine import SamplingParams, sample_tokens
 
 MESSAGES = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 
@@ -91,18 +90,14 @@ def logprob_tolerance(backend) -> float:
     return 2e-3 if backend.dtype == torch.float32 else 0.15
 
 
-async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(model, backend):
+async def test_a_shared_prompt_prefix_is_computed_once_with_the_same_result(
+    model, backend, make_engine
+):
     """Distinct prompts that share a system prompt, sent together: on an engine that is not
     batch-invariant the shared prefix is run once (the engine counts the tokens it skipped) and
     every greedy completion and its logprobs match the same prompt sent alone."""
     base = next(iter(backend._bases.values()))
-    engine = GenerationEngine(
-        base.model,
-        base.tokenizer,
-        model_lock=base.lock,
-        select_adapter=lambda name: A.select(base, name),
-        batch_invariant=False,
-    )
+    engine = make_engine(batch_invariant=False)
     system = {"role": "system", "content": "You are a careful calculator. Reply with a number."}
     questions = ["What is 2 + 2?", "What is 17 - 9, exactly?", "Add 3 and 40.", "What is 6+1?"]
     prompts = [

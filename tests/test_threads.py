@@ -11,9 +11,8 @@ import art
 import pytest
 import torch
 
-from art_rlvr.backend import adapters as A
 from art_rlvr.backend import steps as S
-from art_rlvr.backend.engine import GenerationEngine, SamplingParams
+from art_rlvr.backend.engine import SamplingParams
 from art_rlvr.backend.threads import ThreadTuner, usable_cores
 
 
@@ -69,20 +68,16 @@ def test_usable_cores_follow_the_affinity_mask_and_torch() -> None:
     assert 1 <= usable_cores() <= min(len(os.sched_getaffinity(0)), torch.get_num_threads())
 
 
-async def test_the_engine_samples_the_same_at_one_and_two_threads(backend, model) -> None:
+async def test_the_engine_samples_the_same_at_one_and_two_threads(
+    backend, model, make_engine
+) -> None:
     """Seeded rows (batched, invariant path) give bit-identical tokens and logprobs whatever
     the engine thread's count: the tuner may switch at any step without changing a result."""
     base = next(iter(backend._bases.values()))
     prompts = [base.tokenizer(f"Count to {i}:")["input_ids"] for i in range(3, 9)]
     results = []
     for threads in (1, 2):
-        engine = GenerationEngine(
-            base.model,
-            base.tokenizer,
-            model_lock=base.lock,
-            select_adapter=lambda name: A.select(base, name),
-            threads=threads,
-        )
+        engine = make_engine(threads=threads)
         try:
             done = await asyncio.gather(
                 *[
@@ -109,21 +104,14 @@ def test_the_tuner_keeps_one_count_where_counts_change_results(differs, fixed) -
 
 
 async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_last(
-    backend, make_model, monkeypatch
+    backend, make_model, make_engine, monkeypatch
 ) -> None:
     """torch gives a thread that has not used it yet the count set last by any thread: an
     engine at 1 thread must not make a fresh pool thread train at 1."""
     if backend.threads == 1:
         pytest.skip("one usable core: nothing to tell apart")
     model = await make_model("threads")
-    base = next(iter(backend._bases.values()))
-    engine = GenerationEngine(
-        base.model,
-        base.tokenizer,
-        model_lock=base.lock,
-        select_adapter=lambda name: A.select(base, name),
-        threads=1,
-    )
+    engine = make_engine(threads=1)
     seen: list[int] = []
     sft_step = S.sft_step
 
