@@ -4,6 +4,8 @@ batch, in one process, on the same weights, prompts and forced token count:
 - `engine`: `GenerationEngine.generate`, `b` concurrent requests with distinct prompts;
 - `engine_before`: the same, with the engine module at `--before` (e.g. the last commit's:
   `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
+- `engine_fixed_threads`: the same engine with its thread count fixed at every usable core
+  (the engine picks its count by timing its own steps: `art_rlvr/backend/threads.py`);
 - `engine_not_invariant`: the same engine with `batch_invariant=False` (on CPU the engine is
   batch-invariant by default: row-wise attention, no shared-prefix prefill), the price of it;
 - `http`: the same requests through TorchBackend's OpenAI-compatible server (OpenAI SDK);
@@ -14,6 +16,12 @@ batch, in one process, on the same weights, prompts and forced token count:
 
     uv run python benchmarks/engine_speed.py [--tokens 32] [--batches 1 8 32] [--repeats 2]
         [--before /tmp/engine_before.py] [--llama-python /tmp/llama/bin/python] [--profile]
+        [--competitor nice|run]
+
+`--competitor` measures every setting twice per repeat, idle and beside a competing process on
+the same cores (`nice`: a busy loop at nice 19; `run`: another art_rlvr process evaluating), and
+prints the engine's ratio to `hf_generate` beside it over the idle ratio (1.0: unaffected). On a
+shared machine "idle" only means "without our competitor": record the load average with it.
 
 Settings are interleaved within each repeat, so every ratio divides rates measured next to each
 other (the machine is shared: ratios, not absolute rates, are what carries). Prints the median
@@ -27,14 +35,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import art
 import torch
@@ -44,6 +55,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend.engine import GenerationEngine, SamplingParams
+from art_rlvr.backend.threads import usable_cores
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -107,6 +119,49 @@ def cb_rate(model, prompts: list[list[int]], tokens: int) -> float:
     out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
     elapsed = time.perf_counter() - started
     return sum(len(o.generated_tokens) for o in out.values()) / elapsed
+
+
+COMPETITORS = {
+    # a busy loop at the lowest priority: what a laptop's background work looks like
+    "nice": ["nice", "-n", "19", sys.executable, "-c", "while True: pass"],
+    # another art_rlvr process generating and scoring (an evaluation of the default task)
+    "run": [sys.executable, "-m", "art_rlvr.run", "scenario=arith", "mode=eval",
+            "eval_test=false", "val_limit=200"],
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def competing(condition: str) -> Iterator[None]:
+    """Run the block beside the competitor `condition` names (nothing for `idle`); a
+    competitor that ends early is started again, so it competes for the whole block."""
+    if condition == "idle":
+        yield
+        return
+    stop = threading.Event()
+
+    def keep_running() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            while not stop.is_set():
+                command = [*COMPETITORS[condition], f"run_dir={tmp}/{time.time_ns()}"]
+                if condition == "nice":
+                    command = COMPETITORS[condition]
+                proc = subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                while proc.poll() is None and not stop.wait(0.2):
+                    pass
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+    thread = threading.Thread(target=keep_running, daemon=True)
+    thread.start()
+    time.sleep(0.5 if condition == "nice" else 20)  # a run loads its model first
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def load_engine_module(path: str):
@@ -212,6 +267,11 @@ async def main() -> None:
     parser.add_argument("--no-cb", action="store_true", help="skip transformers generate_batch")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sampler-only", action="store_true", help="with --before: sampling only")
+    parser.add_argument(
+        "--competitor",
+        choices=sorted(COMPETITORS),
+        help="also measure beside a competing process on the same cores (interleaved)",
+    )
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load {load[0]:.2f}")
@@ -240,6 +300,10 @@ async def main() -> None:
                 base.model, base.tokenizer, model_lock=base.lock,
                 select_adapter=lambda name: A.select(base, name), seed=0, batch_invariant=False,
             )  # fmt: skip
+        fixed = GenerationEngine(
+            base.model, base.tokenizer, model_lock=base.lock,
+            select_adapter=lambda name: A.select(base, name), seed=0, threads=usable_cores(),
+        )  # fmt: skip
         cb_model = None
         if not args.no_cb:
             cb_model = AutoModelForCausalLM.from_pretrained(
@@ -252,32 +316,48 @@ async def main() -> None:
             "engine": lambda b: engine_rate(engine, prompts[b], args.tokens),
             "http": lambda b: http_rate(client, base_name, b, args.tokens),
         }
+        runs["engine_fixed_threads"] = lambda b: engine_rate(fixed, prompts[b], args.tokens)
         if before is not None:
             runs["engine_before"] = lambda b: engine_rate(before, prompts[b], args.tokens)
         if free is not None:
             runs["engine_not_invariant"] = lambda b: engine_rate(free, prompts[b], args.tokens)
         if cb_model is not None:
             runs["hf_generate_batch"] = lambda b: cb_rate(cb_model, prompts[b], args.tokens)
-        rates: dict[tuple[str, int], list[float]] = defaultdict(list)
+        rates: dict[tuple[str, int, str], list[float]] = defaultdict(list)
+        conditions = ["idle", *([args.competitor] if args.competitor else [])]
         for _ in range(args.repeats):
-            for b in args.batches:
-                for name, run in runs.items():
-                    value = run(b)
-                    rates[(name, b)].append(await value if asyncio.iscoroutine(value) else value)
+            for condition in conditions:
+                with competing(condition):
+                    for b in args.batches:
+                        for name, run in runs.items():
+                            value = run(b)
+                            rate = await value if asyncio.iscoroutine(value) else value
+                            rates[(name, b, condition)].append(rate)
         print(f"tokens/s, {args.tokens} forced tokens a request, median of {args.repeats}; ratio")
         print("= median over repeats of rate / hf_generate at the same batch in that repeat")
-        for b in args.batches:
-            hf = rates[("hf_generate", b)]
-            for name in runs:
-                values = rates[(name, b)]
-                ratio = statistics.median(v / h for v, h in zip(values, hf, strict=True))
-                print(f"batch {b:>3} {name:>18}: {statistics.median(values):7.1f} ({ratio:.2f}x)")
+        ratios: dict[tuple[str, int, str], float] = {}
+        for condition in conditions:
+            print(f"-- {condition}" + ("" if condition == "idle" else " (beside a competitor)"))
+            for b in args.batches:
+                hf = rates[("hf_generate", b, condition)]
+                for name in runs:
+                    values = rates[(name, b, condition)]
+                    ratio = statistics.median(v / h for v, h in zip(values, hf, strict=True))
+                    ratios[(name, b, condition)] = ratio
+                    print(
+                        f"batch {b:>3} {name:>18}: {statistics.median(values):7.1f} ({ratio:.2f}x)"
+                    )
+        if args.competitor:
+            print(f"engine / hf_generate with the competitor ({args.competitor}) over idle:")
+            for b in args.batches:
+                busy, idle = ratios[("engine", b, args.competitor)], ratios[("engine", b, "idle")]
+                print(f"batch {b:>3}: {busy:.2f}x / {idle:.2f}x = {busy / idle:.2f}")
         if args.profile:
             b = max(args.batches)
             await profile(engine, base, prompts[b], args.tokens, "engine")
             if before is not None:
                 await profile(before, base, prompts[b], args.tokens, "engine_before")
-        for other in (before, free):
+        for other in (before, free, fixed):
             if other is not None:
                 other.close()
         await backend.close()
@@ -285,7 +365,7 @@ async def main() -> None:
     if llama is None:
         print(f"llama.cpp: {args.llama_python} cannot import llama_cpp (optional); skipped")
     else:
-        best = statistics.median(rates[("engine", max(args.batches))])
+        best = statistics.median(rates[("engine", max(args.batches), "idle")])
         print(
             f"llama.cpp single stream, same GGUF (Q4_1): {llama:.1f} tokens/s; engine at batch "
             f"{max(args.batches)} / llama.cpp = {best / llama:.2f}x (measured after, alone)"
