@@ -27,13 +27,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
 from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
-from art_rlvr.backend.model_source import declares_chat_template
+from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.config_reference import help_text
 from art_rlvr.ei.config import start_problem as ei_problem
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.gepa.start import start_problem as gepa_problem
+from art_rlvr.llm import key_problem
 from art_rlvr.mixture import Mixture, load_scenarios
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
@@ -91,6 +92,8 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
             raise ChatTemplateError(missing_template(cfg.base_model))
     else:
         read_key(cfg.policy)  # an external policy's key variable: before any folder or request
+    if problem := machine_problem(cfg):
+        raise ConfigError(problem)
     files = RunFiles(cfg.directory)
     files.read_json("state.json")  # a corrupt state file stops the run before anything starts
     if not cfg.resume and (files.root / "state.json").exists():
@@ -98,13 +101,16 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
     return task, files
 
 
+def runs_gepa(cfg: RunConfig) -> bool:
+    return cfg.mode == "gepa" or (cfg.mode in ("gepa_rl", "gepa_rl_ei") and cfg.rounds > 0)
+
+
 def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
     """What each mode would refuse when it starts (asked now, before any model loads): GEPA's
     Pareto set, seed prompt and budget; expert iteration's records and search tool."""
     if not isinstance(task, Task):  # a mixture runs eval or rl only (RunConfig checks that)
         return None
-    gepa_runs = cfg.mode == "gepa" or (cfg.mode in ("gepa_rl", "gepa_rl_ei") and cfg.rounds > 0)
-    if gepa_runs:
+    if runs_gepa(cfg):
         seed_prompt = choose_seed_prompt(
             gepa=cfg.gepa.seed_prompt,
             run=cfg.system_prompt,
@@ -114,6 +120,22 @@ def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
             return f"mode={cfg.mode}: {problem}"
     if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, task)):
         return f"mode={cfg.mode}: {problem}"
+    return None
+
+
+def machine_problem(cfg: RunConfig) -> str | None:
+    """What this machine lacks for the run, asked before anything loads: a base model that
+    cannot load here, the key of an external reflection LM or teacher (litellm says which key
+    a provider needs; importing it takes ~4 s, only when such a model is set)."""
+    loads_here = cfg.policy.model is None and cfg.backend in ("torch", "local")
+    if loads_here and (problem := base_model_problem(cfg.base_model)):
+        return problem  # serverless and tinker load their base model remotely
+    roles = [("reflection", cfg.gepa.reflection)] if runs_gepa(cfg) else []
+    if cfg.with_expert_iteration and cfg.ei.enable_teacher_hints:
+        roles.append(("teacher", cfg.ei.teacher))
+    for name, role in roles:
+        if problem := key_problem(role, name):
+            return f"mode={cfg.mode}: {problem}"
     return None
 
 
@@ -177,7 +199,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
                 base_model=cfg.base_model,
             )
             model = trainable_model(cfg.name, cfg.project, cfg.base_model, cfg.chat_template)
-            await model.register(backend)
+            await register(model, backend, cfg)
             ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
             result = await run_mode(ctx)
     except RolloutsFailed as error:
@@ -250,6 +272,18 @@ async def sampled_eval(
         "completion_tokens": report.completion_tokens,
         "cost_usd": cost,
     }
+
+
+async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
+    """`model.register`, which loads the base model on TorchBackend: one that cannot load
+    there (a hub id that is not on the hub, a folder without weights) is a one-line error."""
+    try:
+        await model.register(backend)
+    except OSError as error:
+        if cfg.backend != "torch":  # ART's own backends: their errors are theirs to word
+            raise
+        first = next((line for line in str(error).splitlines() if line.strip()), repr(error))
+        raise ConfigError(f"base_model={cfg.base_model}: {first}") from None
 
 
 def _usd(cost: float | None) -> str | None:

@@ -268,3 +268,32 @@ def test_the_entry_points_answer_before_the_heavy_imports() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+async def test_a_base_model_that_cannot_load_is_one_line(backend, tmp_path: Path) -> None:
+    """A folder with a config and a tokenizer but no weights passes the checks made before
+    anything loads; when TorchBackend then fails to load it, the run stops with one line naming
+    base_model (main prints it, exit 2), not with a crash report."""
+    import art
+
+    from art_rlvr import DEFAULT_BASE_MODEL
+    from art_rlvr.backend.model_source import base_model_problem, resolve_base_model
+    from art_rlvr.config import ConfigError, parse_args
+    from art_rlvr.run import register
+
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes(
+            (Path(resolve_base_model(DEFAULT_BASE_MODEL)) / name).read_bytes()
+        )
+    assert base_model_problem(str(folder)) is None
+    cfg = parse_args([f"base_model={folder}"])
+    model = art.TrainableModel(
+        name=f"noweights-{tmp_path.name}", project="p", run_name="r", base_model=str(folder)
+    )
+    with pytest.raises(ConfigError) as error:
+        await register(model, backend, cfg)
+    message = str(error.value)
+    assert message.startswith(f"base_model={folder}: ") and "model.safetensors" in message
+    assert "\n" not in message

@@ -165,6 +165,8 @@ def test_the_config_validates_without_importing_the_heavy_stack() -> None:
     assert out.stdout.strip() == "[]"
 
 
+NO_KEY = "ART_RLVR_TEST_UNSET_KEY"  # an API key variable no environment sets
+
 # fmt: off
 # A newcomer's first commands: each answers at once, in one or a few lines, naming the closest
 # valid choice rather than listing everything, with no traceback and no run folder left behind.
@@ -185,6 +187,11 @@ FIRST_CONTACT = [
     (["mode=gepa", "pareto_size=500"], 2, ["GEPA needs more than pareto_size=500"]),
     (["mode=gepa", "max_metric_calls=10"], 2, ["cannot even score the seed prompt on the Pareto set (16 calls"]),
     (["weave_offline=true"], 2, ["weave_offline=true needs weave_project=entity/project"]),
+    (["mode=gepa", "reflection.model=openai/gpt-4o", f"reflection.api_key_env={NO_KEY}"], 2, [f"mode=gepa: reflection.model 'openai/gpt-4o' needs {NO_KEY} in the environment"]),
+    (["mode=ei", "enable_teacher_hints=true", "teacher.model=openai/gpt-4o", f"teacher.api_key_env={NO_KEY}"], 2, [f"mode=ei: teacher.model 'openai/gpt-4o' needs {NO_KEY}"]),
+    (["base_model=/no/such/folder"], 2, ["base_model=/no/such/folder: no such folder (give a Hugging Face model folder, a hub id"]),
+    (["base_model=embedded:SmolLM3"], 2, ["no such embedded model; known: embedded:SmolLM2-135M-Instruct"]),
+    (["base_model=no-such-org/no-such-model"], 2, ["not in the Hugging Face cache, and HF_HUB_OFFLINE is set"]),  # conftest sets it
 ]
 # fmt: on
 

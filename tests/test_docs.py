@@ -26,7 +26,7 @@ import pytest
 
 from art_rlvr.config import parse_args
 from art_rlvr.mixture import load_scenarios
-from art_rlvr.run import mode_problem
+from art_rlvr.run import machine_problem, mode_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -374,15 +374,16 @@ CLI_ERRORS = cli_error_examples()
     ("where", "args", "message"), CLI_ERRORS, ids=[w for w, _, _ in CLI_ERRORS]
 )
 def test_the_documented_errors_are_what_the_cli_says(
-    where: str, args: list[str], message: str
+    where: str, args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CLI's checks, run as `main` runs them before anything loads; `...` in the doc
-    stands for text left out."""
+    """The CLI's checks, run as `main` runs them before anything loads, on a machine with no
+    provider key set; `...` in the doc stands for text left out."""
     assert len(CLI_ERRORS) >= 5
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     try:
         config = parse_args(args)
         task = load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
-        said = mode_problem(config, task)
+        said = mode_problem(config, task) or machine_problem(config)
     except ValueError as error:  # ConfigError, ScenarioFileError
         said = str(error)
     pattern = ".*".join(re.escape(part) for part in message.split("..."))
