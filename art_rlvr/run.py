@@ -501,6 +501,7 @@ async def interruptible[T](work: Coroutine[Any, Any, T], log_file: Path) -> T:
         nonlocal presses
         presses += 1
         if presses == 1:
+            close_progress_bars()  # else each cancelled rollout redraws its bar
             log.warning("stopping (Ctrl-C again to quit at once)")
             task.cancel()
         else:

@@ -226,6 +226,7 @@ def test_ctrl_c_stops_in_seconds_says_how_to_resume_last_and_resumes(
     assert code == 130 and took < 15, (code, took, after[-20:])
     assert after and after[-1] == RESUME, after[-20:]
     assert not [line for line in after if "Traceback" in line or "Exception in ASGI" in line]
+    assert not [line for line in after if "exceptions=" in line]  # no bar redrawn per rollout
     assert (run_dir / "run.log").read_text().splitlines()[-1] == RESUME
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
