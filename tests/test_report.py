@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from art_rlvr.records import EvalEvent, TrainEvent
+from art_rlvr.report import plots
 from art_rlvr.report.__main__ import main
 
 RL_RUN = [
@@ -603,3 +605,55 @@ def test_out_folder_and_self_contained_page(tmp_path: Path) -> None:
     assert len(srcs) == len(pngs) and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', html))  # in-page only
     assert_self_contained(html)
+
+
+def train_record(step: int, reward: float, accuracy: float) -> TrainEvent:
+    return TrainEvent.model_validate({**train_event(step, reward), "accuracy": accuracy})
+
+
+def val_record(step: int, accuracy: float) -> EvalEvent:
+    return EvalEvent.model_validate(eval_event(step, accuracy))
+
+
+def drawn(fig: Any) -> tuple[Any, list[float]]:
+    """The axes of a figure once drawn, and its x ticks inside the visible range."""
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    low, high = ax.get_xlim()
+    return ax, [float(t) for t in ax.get_xticks() if low <= t <= high]
+
+
+def test_step_axes_have_whole_numbers_and_series_stay_apart() -> None:
+    """Steps are integers on every step axis (no 0.5 ticks); train reward and train accuracy
+    are two distinguishable lines, or one line saying so when a 0/1 reward makes them equal."""
+    train = [train_record(1, 0.3, 0.2), train_record(2, 0.5, 0.4), train_record(3, 0.6, 0.6)]
+    evals = [val_record(0, 0.2), val_record(3, 0.5)]
+    figures = [
+        plots.curves_figure(train, evals, [], "step"),
+        plots.group_fractions_figure(train),
+        plots.tokens_figure(train, evals, "step"),
+    ]
+    for fig in figures:
+        _, ticks = drawn(fig)
+        assert len(ticks) >= 2 and all(t.is_integer() for t in ticks), ticks
+    ax, _ = drawn(figures[0])
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    reward, accuracy = lines["train reward"], lines["train accuracy"]
+    assert (reward.get_color(), reward.get_linestyle()) != (
+        accuracy.get_color(),
+        accuracy.get_linestyle(),
+    )
+    same = [train_record(s, r, r) for s, r in ((1, 0.25), (2, 0.5))]
+    ax, _ = drawn(plots.curves_figure(same, [], [], "step"))
+    assert [line.get_label() for line in ax.get_lines()] == ["train reward (= accuracy)"]
+
+
+def test_an_evaluation_alone_is_centred_on_its_step() -> None:
+    """An eval-only run has one point: the axis spans step +- 1 with one tick, the step
+    (it used to run from -0.045 to 0.045)."""
+    for fig in (
+        plots.curves_figure([], [val_record(0, 0.5)], [], "step"),
+        plots.tokens_figure([], [val_record(0, 0.5)], "step"),
+    ):
+        ax, ticks = drawn(fig)
+        assert ax.get_xlim() == (-1.0, 1.0) and ticks == [0.0]

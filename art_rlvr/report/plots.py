@@ -48,6 +48,11 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _rendered(fig: Figure | None) -> bytes | None:
+    """The PNG of a figure; the `*_figure` functions leave the axes to read (the tests do)."""
+    return None if fig is None else _png(fig)
+
+
 def _step_axis(ax: Any, xs: Sequence[float]) -> None:
     """Steps and rounds are whole numbers: integer ticks only, and a run with one step (an
     evaluation) gets a readable axis around it instead of ticks from -0.045 to 0.045."""
@@ -85,6 +90,15 @@ def curves(
     ei_rounds: Sequence[EIRoundEvent],
     unit: str,
 ) -> bytes | None:
+    return _rendered(curves_figure(train, evals, ei_rounds, unit))
+
+
+def curves_figure(
+    train: Sequence[TrainEvent],
+    evals: Sequence[EvalEvent],
+    ei_rounds: Sequence[EIRoundEvent],
+    unit: str,
+) -> Figure | None:
     """Train reward / accuracy per step and val / test accuracy per evaluation. Evaluations
     keep their order: a GEPA+RL run evaluates twice at one step (before and after a prompt
     change), which shows as a vertical segment; tagged points are labelled with their phase."""
@@ -131,10 +145,14 @@ def curves(
     ax.set(xlabel=unit, ylabel="reward / accuracy", ylim=(-0.03, 1.03))
     _step_axis(ax, steps + xs)
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
+    return _rendered(group_fractions_figure(train))
+
+
+def group_fractions_figure(train: Sequence[TrainEvent]) -> Figure | None:
     """Where the GRPO signal is: only mixed groups have a non-zero advantage."""
     rows = [r for r in train if "frac_mixed" in r.model_fields_set]
     if not rows:
@@ -153,10 +171,16 @@ def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
     ax.set(xlabel="step", ylabel="fraction of groups", ylim=(0, 1.02))
     _step_axis(ax, steps)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def tokens(train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str) -> bytes | None:
+    return _rendered(tokens_figure(train, evals, unit))
+
+
+def tokens_figure(
+    train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str
+) -> Figure | None:
     """Completion length: a sudden change is often the first sign of reward hacking."""
     lines = [("train (sampled)", "-", ORANGE, _series(train, "tokens_per_completion"))]
     for split, style, colour in (("val", "o-", GREEN), ("test", "*", RED)):
@@ -172,7 +196,7 @@ def tokens(train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str) -
     ax.set_ylim(bottom=0)
     _step_axis(ax, [x for *_, (xs, _) in lines for x in xs])
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def ei_counters(rounds: Sequence[EIRoundEvent]) -> bytes | None:
