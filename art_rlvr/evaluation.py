@@ -31,7 +31,7 @@ class EvalReport(BaseModel):
     n: int
     accuracy: float
     mean_reward: float
-    format_rate: float
+    format_rate: float | None  # None: the reward reports no `format` metric
     mean_completion_tokens: float
     errors: int
     first_error: str | None = None  # the first failed rollout's cause, when some failed
@@ -45,7 +45,8 @@ class EvalReport(BaseModel):
         return (
             f"{self.split}: accuracy {self.accuracy:.3f} (n={self.n}), "
             f"reward {self.mean_reward:.3f}, "
-            f"format {self.format_rate:.2f}, {self.mean_completion_tokens:.1f} tokens/completion"
+            + (f"format {self.format_rate:.2f}, " if self.format_rate is not None else "")
+            + f"{self.mean_completion_tokens:.1f} tokens/completion"
             + (
                 f", {self.errors} errored ({self.error_rate:.0%}; first: {self.first_error})"
                 if self.errors
@@ -89,7 +90,7 @@ async def evaluate(
         n=n,
         accuracy=sum(is_correct(t) for t in trajectories) / n,
         mean_reward=sum(t.reward for t in trajectories) / n,
-        format_rate=mean("format"),
+        format_rate=mean("format") if any("format" in t.metrics for t in trajectories) else None,
         mean_completion_tokens=mean("completion_tokens"),
         errors=len(failures),
         first_error=first_error,
@@ -122,7 +123,7 @@ class SampledReport(BaseModel):
     samples: int
     pass_at: dict[int, float]
     mean_reward: float
-    format_rate: float
+    format_rate: float | None
     completion_tokens: int
     errors: int
     first_error: str | None = None
@@ -187,7 +188,9 @@ async def evaluate_samples(
         samples=samples,
         pass_at={k: mean_pass_at_k(correct, samples, k) for k in sorted({1, *ks})},
         mean_reward=sum(t.reward for t in trajectories) / total,
-        format_rate=sum(float(t.metrics.get("format", 0.0)) for t in trajectories) / total,
+        format_rate=sum(float(t.metrics.get("format", 0.0)) for t in trajectories) / total
+        if any("format" in t.metrics for t in trajectories)
+        else None,
         completion_tokens=int(
             sum(float(t.metrics.get("completion_tokens", 0)) for t in trajectories)
         ),

@@ -323,7 +323,7 @@ async def test_a_failing_environment_ends_the_episode_with_zero(
     ("reward", "reason"),
     [
         ("raise", "reward raised KeyError"),
-        ("garbage", "reward returned str, not Score"),
+        ("garbage", "reward returned str; a reward returns a Score"),
     ],
 )
 async def test_a_failing_reward_scores_zero(faulty_dir, monkeypatch, reward, reason) -> None:

@@ -41,7 +41,13 @@ from pydantic import ValidationError
 
 from art_rlvr.backend.chat import parse_tool_calls, scan
 from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
-from art_rlvr.backend.engine import Completion, ContextLengthError, SamplingParams, TokenEvent
+from art_rlvr.backend.engine import (
+    Completion,
+    ContextLengthError,
+    EngineClosed,
+    SamplingParams,
+    TokenEvent,
+)
 from art_rlvr.backend.served import ServedLog
 
 
@@ -122,6 +128,8 @@ def build_app(
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
+        except EngineClosed:  # the backend is closing (a run's Ctrl-C): an answer, no traceback
+            return _error(503, "the server is shutting down", "server_error")
         except (ValueError, TypeError, KeyError) as error:
             return _error(400, f"bad request: {error}")
         response_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -169,13 +169,15 @@ class TorchBackend:
                 yield
 
     async def close(self) -> None:
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
+        # engines first: requests still generating fail at once (the server answers them 503),
+        # so the server's shutdown has nothing to wait for (a run's Ctrl-C stops in seconds)
         for base in self._bases.values():
             if base.engine is not None:
                 await asyncio.to_thread(base.engine.close)
                 base.engine = None
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
 
     async def __aenter__(self) -> TorchBackend:
         return self

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from art_rlvr.rewards.base import Record, Score
+from art_rlvr.text import did_you_mean
 
 Messages = Sequence[Mapping[str, Any]]
 Respond = Callable[[Record, Messages], "Reply | str | Awaitable[Reply | str | None] | None"]
@@ -82,7 +83,8 @@ def build_environment(
         factory = registry[name]
     else:
         raise EnvironmentConfigError(
-            f"unknown environment {name!r}; built-in: {sorted(registry)} (or 'module:function')"
+            f"unknown environment {name!r}{did_you_mean(name, registry)}; built-in: "
+            f"{', '.join(sorted(registry))} (or 'module:function')"
         )
     try:
         built = factory(**params)
