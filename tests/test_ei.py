@@ -16,6 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
 from art_rlvr.config import ConfigError, parse_args
+from art_rlvr.core import Reply
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
 from art_rlvr.ei.files import write_round_records
@@ -46,7 +47,7 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.episodes import Reply, Turn, run_episode
+from art_rlvr.episodes import Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import art
 import torch
@@ -37,6 +37,7 @@ from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memo
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
+from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
@@ -192,7 +193,7 @@ class TorchBackend:
         trajectory_groups: Iterable[art.TrajectoryGroup],
         *,
         learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        loss_fn: Loss = "cispo",
         loss_fn_config: dict | None = None,
         kl_penalty_coef: float = 0.0,
         epsilon: float | None = None,

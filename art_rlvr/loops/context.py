@@ -62,9 +62,7 @@ def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
     if not rewards:
         return {"trajectories": 0.0}
     verdicts = [[is_correct(t) for t in g.trajectories] for g in groups if g.trajectories]
-    kinds = [
-        "all_correct" if all(v) else "all_wrong" if not any(v) else "mixed" for v in verdicts
-    ]
+    kinds = ["all_correct" if all(v) else "all_wrong" if not any(v) else "mixed" for v in verdicts]
     trajectories = [t for g in groups for t in g.trajectories]
     return {
         "reward_mean": statistics.fmean(rewards),
