@@ -260,7 +260,7 @@ async def sampled_eval(
     files.append_event(event)
     files.write_trajectories(f"val_{step:04d}", report.groups)
     if not external:  # ART's history lives with the run's own (trainable) model
-        await model.log(report.groups, split="val", step=step)
+        await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
     return {
         "val_accuracy_before": event.accuracy,
         "val_accuracy_after": event.accuracy,

@@ -52,6 +52,8 @@ class EngineStats:
     prompt_tokens: int = 0
     max_batch_rows: int = 0
     prefix_tokens_saved: int = 0  # prompt tokens not recomputed thanks to a shared prefix
+    running_rows: int = 0  # rows in the batch after the last step
+    cancelled_requests: int = 0  # requests whose rows left the batch unfinished (client gone)
 
 
 class ContextLengthError(ValueError):

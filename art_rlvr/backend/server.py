@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import jinja2
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -123,15 +124,19 @@ def build_app(
                 events = route.stream(prompt_ids, sampling, req.n)
                 first = await anext(events)
             else:
-                completions = await route.generate(prompt_ids, sampling, req.n)
+                completions = await _unless_disconnected(
+                    request, route.generate(prompt_ids, sampling, req.n)
+                )
+                if completions is None:  # nobody to answer; the engine dropped its rows
+                    return _error(499, "client closed the request")
         except ModelNotFound as error:
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
         except EngineClosed:  # the backend is closing (a run's Ctrl-C): an answer, no traceback
             return _error(503, "the server is shutting down", "server_error")
-        except (ValueError, TypeError, KeyError) as error:
-            return _error(400, f"bad request: {error}")
+        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as error:
+            return _error(400, f"bad request: {error}")  # the model's template may raise too
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(
@@ -145,6 +150,26 @@ def build_app(
         )
 
     return app
+
+
+async def _unless_disconnected(
+    request: Request, work: Awaitable[list[Completion]]
+) -> list[Completion] | None:
+    """`work`'s result, or None once the client has gone (then `work` is cancelled, so the
+    engine frees its rows at its next step, as a closed stream does)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task in done else None
 
 
 def _token_label(req: ChatRequest, decode_token: Callable[[int], str], token: int) -> str:
@@ -349,6 +374,8 @@ async def _sse(
     except Exception as error:  # the stream has started: report in-band, as OpenAI does
         message = f"generation failed: {type(error).__name__}: {error}"
         yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+    finally:  # a client gone mid-stream: close the engine's stream, which frees its rows
+        await events.aclose()
     yield "data: [DONE]\n\n"
 
 

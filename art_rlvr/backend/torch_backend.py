@@ -37,6 +37,7 @@ from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memo
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
+from art_rlvr.backend.threads import in_threads, usable_cores
 from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
@@ -78,6 +79,9 @@ class TorchBackend:
         self.max_step_adapters = max_step_adapters
         # None: on CPU, where it makes seeded runs repeat (backend/invariant.py); False: faster
         self.batch_invariant = batch_invariant
+        # the process's thread count, read before any engine sets its own (torch hands the
+        # last count set to new threads): the trainer's, and the most the engines use
+        self.threads = usable_cores()
         self._bases: dict[str, _Base] = {}
         self._trainees: dict[str, Trainee] = {}
         self._api_key = new_api_key()
@@ -256,7 +260,9 @@ class TorchBackend:
         samples, stats = T.samples_from_groups(
             groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
-        metrics = await asyncio.to_thread(S.rl_step, trainee, samples, settings)
+        metrics = await asyncio.to_thread(
+            in_threads, self.threads, S.rl_step, trainee, samples, settings
+        )
         metrics |= {
             "groups_used": stats.used,
             "groups_skipped": stats.skipped,
@@ -299,8 +305,9 @@ class TorchBackend:
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
             metrics = await asyncio.to_thread(
-                S.sft_step, trainee, batch, float(rate), self.microbatch_size
-            )
+                in_threads, self.threads, S.sft_step, trainee, batch, float(rate),
+                self.microbatch_size,
+            )  # fmt: skip
             yield metrics | counts.metrics()  # the step's totals: ART averages over batches
         await asyncio.to_thread(A.advance, trainee, optimizer_state=True)
         await asyncio.to_thread(release_free_memory)
@@ -354,6 +361,7 @@ class TorchBackend:
             seed=self.seed,
             max_context=self.max_context,
             batch_invariant=self.batch_invariant,
+            max_threads=self.threads,
         )
 
     def _step_adapter(self, trainee: Trainee, step: int) -> str:

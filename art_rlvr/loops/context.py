@@ -167,7 +167,10 @@ async def run_eval(
     log.info("step %d %s%s", step, report.line(), scenario_line(event.by_scenario))
     ctx.files.append_event(event)
     ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
-    await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
+    # ART's history (and W&B if set), once per evaluation however often a kill makes it redone
+    await ctx.files.log_once(
+        ctx.model, f"{split}/{step}{tag}", report.groups, split=split, step=step
+    )
     return report
 
 
