@@ -24,6 +24,7 @@ from art_rlvr.config_keys import (
     first_error,
     mask_secrets,
 )
+from art_rlvr.core import Loss
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import LLMRole, renamed
@@ -140,7 +141,7 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Literal["cispo", "ppo"] = Field(default="cispo", description="cispo or ppo")
+    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
     kl_penalty_coef: float = Field(
         default=0.0, ge=0.0, description="KL penalty against the base model"
     )

@@ -21,10 +21,10 @@ from typing import Any
 
 import art
 
+from art_rlvr.core import Score
 from art_rlvr.episodes import Turn, failure, run_episode
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome, completion_text, turns
-from art_rlvr.rewards import Score
 from art_rlvr.rewards.base import RewardTypeError, as_score
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.scenario import Episode, Scenario

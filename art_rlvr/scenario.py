@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from art_rlvr.core import Messages
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
-from art_rlvr.environments.base import Messages
 from art_rlvr.observe import tracing
 from art_rlvr.rewards import Score, make_reward
 from art_rlvr.rewards.base import (

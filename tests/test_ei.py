@@ -16,6 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
 from art_rlvr.config import ConfigError, parse_args
+from art_rlvr.core import Reply
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
 from art_rlvr.ei.files import write_round_records
@@ -46,7 +47,7 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.episodes import Reply, Turn, run_episode
+from art_rlvr.episodes import Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
@@ -266,7 +267,7 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
         {"role": "assistant", "content": hinted.messages_and_choices[-1].message.content},
     ]
     tok = backend._bases[model.base_model].tokenizer
-    (sample,) = T.sft_samples([sft], tok, assistant_turns="last")
+    (sample,), _ = T.sft_samples([sft], tok, assistant_turns="last")
     prompt_len = sample.loss_mask.index(True)
     assert sample.input_ids[:prompt_len] == T.render_prompt(tok, clean)
     from art_rlvr.ei.records import RLGroup
@@ -280,7 +281,9 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
             relabelled=(True, False),
         )
     )
-    samples, _ = T.samples_from_groups([rl], tok, scale_rewards=True)
+    samples, _ = T.samples_from_groups(
+        [rl], tok, scale_rewards=True, policy=T.TurnPolicy(rerender=True)
+    )
     assert all(s.prompt_ids == T.render_prompt(tok, clean) for s in samples)
     trained_text = tok.decode(sample.input_ids) + "".join(
         tok.decode(s.prompt_ids + s.completion_ids) for s in samples
@@ -352,7 +355,7 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     )
     sft = relabel(example)
     assert turns(sft) == turns(relabelled)
-    (sample,) = T.sft_samples([sft], tok, assistant_turns="all")
+    (sample,), _ = T.sft_samples([sft], tok, assistant_turns="all")
     spans = sum(1 for a, b in itertools.pairwise([False, *sample.loss_mask]) if b and not a)
     assert spans == 3  # every assistant turn is learnt, nothing else
     assert sample.input_ids[: sample.loss_mask.index(True)] == T.render_prompt(tok, clean)
@@ -360,7 +363,9 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     failed = relabelled.model_copy(update={"reward": 0.0})
     group = rl_group(scenario.id, clean, [(relabelled, True), (failed, False)])
     rl = relabel_for_rl(RLGroup.model_validate_json(group.model_dump_json()))
-    samples, stats = T.samples_from_groups([rl], tok, scale_rewards=True)
+    samples, stats = T.samples_from_groups(
+        [rl], tok, scale_rewards=True, policy=T.TurnPolicy(rerender=True)
+    )
     assert stats.turns == 6 and all(s.old_logprobs is None for s in samples)
     prompt = T.render_prompt(tok, clean)
     assert all(s.prompt_ids[: len(prompt)] == prompt for s in samples)

@@ -134,7 +134,7 @@ async def test_scripted_round_hints_the_opening_and_relabels_every_turn(
     assert not any("ones column" in message_text(m) for m in turns(sft))
     assert hint_leaks(sft, HINT, len(clean)) == []
     tok = backend._bases[model.base_model].tokenizer
-    (sample,) = T.sft_samples([sft], tok, assistant_turns="all")
+    (sample,), _ = T.sft_samples([sft], tok, assistant_turns="all")
     assert loss_spans(sample.loss_mask) == 3  # SFT learns every assistant turn
     assert sample.input_ids[: sample.loss_mask.index(True)] == T.render_prompt(tok, clean)
 
@@ -169,7 +169,7 @@ async def test_embedded_round_on_arith_retry_distils_no_hint_in_any_turn(
         assert turns(sft)[: len(clean)] == clean
         assert not any(HINT.lower() in message_text(m).lower() for m in turns(sft))
         assert hint_leaks(sft, HINT, len(clean)) == []
-        (sample,) = T.sft_samples([sft], tok, assistant_turns="all")
+        (sample,), _ = T.sft_samples([sft], tok, assistant_turns="all")
         assert loss_spans(sample.loss_mask) == sum(m["role"] == "assistant" for m in turns(sft))
     # the hinted episodes themselves carry the hint only in their opening
     for group in output.hinted_groups:

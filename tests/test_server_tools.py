@@ -341,10 +341,8 @@ BAD = [
     ({"tools": [tool("bad name!", {"type": "object"})]}, "tools.0.function.name"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"response_format": {"type": "json_schema"}}, "needs a json_schema"),
-    (
-        {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-        "cannot be combined",
-    ),
+    ({"logprobs": False, "top_logprobs": 2}, "only allowed when logprobs is true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (
         {
             "tools": [tool("f", {"type": "object", "properties": {"x": {"type": "nonsense"}}})],
@@ -441,3 +439,85 @@ def test_a_template_that_reads_tools_gets_them_natively(backend) -> None:
     assert text.startswith("TOOLS:get_weather;") and "[f 7]" in text
     tok.chat_template = "{# tools are not read here #}{{ messages[0].content }}"
     assert not template_supports_tools(tok)
+
+
+async def test_forced_tool_with_response_format_uses_the_tool_grammar(model) -> None:
+    """The OpenAI Agents SDK sends both for an agent with tools and a typed output; OpenAI and
+    vLLM accept them: the forced call's grammar applies to the forcing turn, the response
+    format to a turn that forces nothing."""
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}
+    forced = await create(
+        model, tools=TOOLS, tool_choice="required", response_format=answer, max_tokens=120, seed=1
+    )
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    free = await create(model, tools=TOOLS, response_format=answer, max_tokens=80, seed=1)
+    assert not free.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(free.choices[0].message.content), ANSWER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_call_cut_by_max_tokens_finishes_with_length(model, stream) -> None:
+    """As on OpenAI and vLLM: the budget cut the reply, so "length", and the half-written call
+    is not a call (its text stays in the content)."""
+    kwargs = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 6, "seed": 3}
+    if stream:
+        state = ChatCompletionStreamState()
+        async for chunk in await create(model, stream=True, **kwargs):
+            state.handle_chunk(chunk)
+        choice = state.current_completion_snapshot.choices[0]
+    else:
+        choice = (await create(model, **kwargs)).choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.tool_calls
+    assert choice.message.content.startswith("<tool_call>")
+
+
+@pytest.mark.parametrize("k", [1, 5])
+async def test_top_logprobs_are_the_most_likely_tokens_of_the_same_distribution(model, k) -> None:
+    response = await create(model, max_tokens=6, temperature=0, logprobs=True, top_logprobs=k, n=1)
+    entries = response.choices[0].logprobs.content
+    ids = response.choices[0].model_extra["token_ids"]
+    assert len(entries) == len(ids)
+    for entry, token in zip(entries, ids, strict=True):
+        top = entry.top_logprobs
+        assert len(top) == k
+        assert [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        assert sum(2.718281828459045**t.logprob for t in top) <= 1 + 1e-5
+        # greedy: the sampled token is the most likely one, with the same logprob
+        assert top[0].token == f"token_id:{token}" and top[0].logprob == entry.logprob
+
+
+async def test_stream_carries_top_logprobs(model) -> None:
+    kwargs = {"max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    streamed = []
+    async for chunk in await create(model, stream=True, **kwargs):
+        for choice in chunk.choices:
+            if choice.logprobs and choice.logprobs.content:
+                streamed += [[t.logprob for t in e.top_logprobs] for e in choice.logprobs.content]
+    whole = (await create(model, **kwargs)).choices[0].logprobs.content
+    assert streamed == [[t.logprob for t in e.top_logprobs] for e in whole]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_returns_the_first_call_only(parallel, stream) -> None:
+    """Without constrained decoding (tool_choice auto) the model may write two calls; vLLM
+    returns only the first when `parallel_tool_calls` is false, and so does the server."""
+    from art_rlvr.backend.chat_request import ChatRequest
+    from art_rlvr.backend.engine import Completion
+    from art_rlvr.backend.server import _ChoiceStream, _message
+
+    text = f"{CALL}\n{CALL.replace('1', '5')}"
+    req = ChatRequest.model_validate(
+        {"model": "m", "messages": ASK, "tools": TOOLS, "parallel_tool_calls": parallel}
+    )
+    if stream:
+        deltas = _ChoiceStream(True, [], None if parallel else 1).deltas(text, final=True)
+        calls = [d["tool_calls"][0] for d in deltas if "function" in d.get("tool_calls", [{}])[0]]
+        names = [c["function"]["name"] for c in calls if "name" in c["function"]]
+    else:
+        message, finish = _message(req, Completion([1], [0.0], text, "stop"))
+        names = [c["function"]["name"] for c in message["tool_calls"]]
+        assert finish == "tool_calls"
+    assert names == (["add", "add"] if parallel else ["add"])

@@ -135,7 +135,7 @@ async def test_sft_masks_only_assistant_tokens(backend) -> None:
     t = art.Trajectory(
         messages_and_choices=[*PROMPT, {"role": "assistant", "content": "Affirmative."}]
     )
-    (sample,) = sft_samples([t], tokenizer, assistant_turns="all")
+    (sample,), _ = sft_samples([t], tokenizer, assistant_turns="all")
     target = tokenizer.decode(
         [i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
     )

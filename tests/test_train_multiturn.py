@@ -9,7 +9,7 @@ from typing import Any
 import art
 import pytest
 from art.preprocessing.tokenize import tokenize_sft_batch, tokenize_trajectory_groups
-from art.trajectories import LegacyHistory
+from art.trajectories import LegacyHistory, get_messages
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
@@ -39,12 +39,14 @@ def tokenizer_of(backend):
     return next(iter(backend._bases.values())).tokenizer
 
 
-async def sample(model: art.TrainableModel, messages: list[Any], seed: int, **kw: Any) -> Choice:
+async def sample(
+    model: art.TrainableModel, messages: list[Any], seed: int, max_tokens: int = 8, **kw: Any
+) -> Choice:
     """One sampled turn through the OpenAI SDK, as ART's rollouts make it."""
     response = await model.openai_client().chat.completions.create(
         model=model.get_inference_name(),
         messages=messages,
-        max_tokens=8,
+        max_tokens=max_tokens,
         logprobs=True,
         seed=seed,
         **kw,
@@ -204,8 +206,9 @@ async def test_multi_turn_train_step_reports_turns_and_matches_served_logprobs(
 
 
 async def test_tools_on_a_trajectory_reach_the_trained_prompt(backend, model) -> None:
-    """Sampled with tools, the served prompt ids (which train) hold the schemas; without ids,
-    `Trajectory.tools` is rendered the same way."""
+    """Sampled with tools, the served prompt ids (which train) hold the schemas. ART's
+    Trajectory stores tool dicts with their keys reordered ("function" before "type"); a turn
+    re-rendered from `Trajectory.tools` as stored renders the tools exactly as served."""
     tok = tokenizer_of(backend)
     messages = [SYSTEM, {"role": "user", "content": "Weather in Oslo?"}]
     served = await sample(model, messages, 1, tools=TOOLS)
@@ -220,13 +223,15 @@ async def test_tools_on_a_trajectory_reach_the_trained_prompt(backend, model) ->
             for choice, reward in ((served, 1.0), (unsampled, 0.0))
         ]
     )
-    samples, _ = T.samples_from_groups([group], tok, scale_rewards=False)
-    rendered = render_ids(tok, messages, TOOLS)
-    assert samples[0].prompt_ids == served.model_extra["prompt_token_ids"] == rendered
-    # ART's Trajectory stores tool dicts with their keys reordered ("function" before "type"),
-    # so the re-rendered prompt is the rendering of `trajectory.tools` as stored.
-    stored = render_ids(tok, messages, group.trajectories[1].tools)
-    assert samples[1].prompt_ids == stored and "lookup_weather" in tok.decode(stored)
+    stored = group.trajectories[1].tools
+    assert list(stored[0]) == ["function", "type"]  # ART's order, not the client's
+    samples, stats = T.samples_from_groups(
+        [group], tok, scale_rewards=False, policy=T.TurnPolicy(rerender=True)
+    )
+    assert samples[0].prompt_ids == served.model_extra["prompt_token_ids"]
+    assert samples[1].prompt_ids == served.model_extra["prompt_token_ids"]
+    assert render_ids(tok, messages, stored) == render_ids(tok, messages, TOOLS)
+    assert (stats.counts.served, stats.counts.rerendered) == (1, 1)
 
 
 @pytest.mark.parametrize("turns", ["all", "last"])
@@ -245,7 +250,7 @@ def test_sft_masks_over_tool_call_conversations(backend, turns) -> None:
         {"role": "assistant", "content": "Rainy, 4 degrees."},
     ]
     trajectory = art.Trajectory(messages_and_choices=messages, tools=TOOLS)
-    (sample,) = T.sft_samples([trajectory], tok, assistant_turns=turns)
+    (sample,), _ = T.sft_samples([trajectory], tok, assistant_turns=turns)
     target = tok.decode([i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
     context = tok.decode(
         [i for i, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m]
@@ -274,7 +279,7 @@ def test_sft_agrees_with_art_on_plain_conversations(backend, turns) -> None:
         {"role": "assistant", "content": "Eight."},
     ]
     trajectory = art.Trajectory(messages_and_choices=messages)
-    (mine,) = T.sft_samples([trajectory], tok, assistant_turns=turns)
+    (mine,), _ = T.sft_samples([trajectory], tok, assistant_turns=turns)
     batch = tokenize_sft_batch(
         [trajectory],
         1e-4,
@@ -317,7 +322,9 @@ async def test_single_turn_samples_are_unchanged(backend, make_model, task) -> N
     for g in groups[:-1]:
         for i, t in enumerate(g.trajectories):
             t.reward = float(i)
-    samples, stats = T.samples_from_groups(groups, tok, scale_rewards=True)
+    samples, stats = T.samples_from_groups(
+        groups, tok, scale_rewards=True, policy=T.TurnPolicy(rerender=True)
+    )
     assert samples == last_choice_samples(groups, tok)
     assert stats.turns == len(samples) == 3 * 2 + 2
 
@@ -409,3 +416,100 @@ def test_untrainable_trajectories_are_named_errors(backend, bad, message) -> Non
     group = art.TrajectoryGroup([good, art.Trajectory(messages_and_choices=bad, reward=1.0)])
     with pytest.raises(T.TrainingDataError, match=rf"group 0, trajectory 1: .*{message}"):
         T.samples_from_groups([group], tokenizer_of(backend), scale_rewards=False)
+
+
+# ---------------------------------------------------- ids the client dropped: the server's record
+
+FORCED = {"type": "function", "function": {"name": "lookup_weather"}}
+
+
+async def dropped(model: art.TrainableModel, messages: list[Any], seed: int, **kw: Any):
+    """A turn as a client that keeps no ids leaves it (LangChain, a rebuilt Choice), and the
+    ids the server sent for it (asked for here only to know the truth)."""
+    choice = await sample(model, messages, seed, extra_body={"return_token_ids": True}, **kw)
+    extra = dict(choice.model_extra or {})
+    truth = (extra.pop("prompt_token_ids"), extra.pop("token_ids"))
+    bare = Choice.model_validate(choice.model_dump(include=set(Choice.model_fields)))
+    return bare, truth
+
+
+async def tool_conversation(model, seed: int) -> tuple[list[Any], list[tuple[list, list]]]:
+    """Forced call, its result, then a free answer: ART's agent shape, ids dropped."""
+    items: list[Any] = [SYSTEM, {"role": "user", "content": "Weather in Oslo?"}]
+    call, truth1 = await dropped(
+        model, get_messages(items), seed, tools=TOOLS, tool_choice=FORCED, max_tokens=40
+    )
+    (message,) = get_messages([call])
+    result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "4 C"}
+    items += [call, result]
+    answer, truth2 = await dropped(model, get_messages(items), seed + 1, tools=TOOLS)
+    return [*items, answer], [truth1, truth2]
+
+
+async def test_turns_without_ids_train_on_the_ids_served(backend, model) -> None:
+    """ART-style trajectories whose Choices lost their ids (tools, a main and an additional
+    history): every turn trains on exactly the served prompt and completion ids, found in the
+    server's record; SFT over the same tool conversations learns the served ids too."""
+    tok = tokenizer_of(backend)
+    trainee = backend._trainees[model.name]
+    trajectories, truths = [], []
+    for seed in (11, 21):
+        main, main_truth = await tool_conversation(model, seed)
+        side, side_truth = await tool_conversation(model, seed + 5)
+        trajectories.append(
+            art.Trajectory(
+                messages_and_choices=main,
+                tools=TOOLS,
+                additional_histories=[LegacyHistory(messages_and_choices=side, tools=TOOLS)],
+                reward=float(seed == 11),
+            )
+        )
+        truths += main_truth + side_truth
+    policy = T.TurnPolicy(served=trainee.served)
+    samples, stats = T.samples_from_groups(
+        [art.TrajectoryGroup(trajectories)], tok, scale_rewards=False, policy=policy
+    )
+    turns = [
+        turn
+        for t in trajectories
+        for items, tools in T.histories(t)
+        for _, turn in T.history_turns(items, tools, tok, policy)
+    ]
+    assert sorted((t.prompt_ids, t.completion_ids) for t in turns) == sorted(truths)
+    assert (stats.counts.recovered, stats.counts.rerendered) == (len(truths), 0)
+    assert sum(s.trained_count for s in samples) == sum(len(ids) for _, ids in truths)
+
+    sft, counts = T.sft_samples(trajectories, tok, assistant_turns="all", served=trainee.served)
+    learnt = [[i for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in sft]
+    assert counts.recovered == len(truths) and counts.rerendered == 0
+    assert sorted(i for ids in learnt for i in ids) == sorted(i for _, ids in truths for i in ids)
+
+
+async def test_an_unserved_turn_is_refused_or_rerendered_when_asked(backend, make_model) -> None:
+    """A Choice the server never returned (or edited since) is named, not silently
+    re-tokenised; opting in re-renders it, and a reply cut by max_tokens gains no
+    end-of-turn token it never sampled."""
+    model = await make_model("refuse")
+    tok = tokenizer_of(backend)
+    messages = [SYSTEM, {"role": "user", "content": MOVES[0]}]
+    served, _ = await dropped(model, messages, 3, max_tokens=4)
+    assert served.finish_reason == "length"
+    edited = served.model_copy(
+        update={"message": served.message.model_copy(update={"content": "Seven."})}
+    )
+    group = art.TrajectoryGroup(
+        [
+            art.Trajectory(messages_and_choices=[*messages, served], reward=1.0),
+            art.Trajectory(messages_and_choices=[*messages, edited], reward=0.0),
+        ]
+    )
+    policy = T.TurnPolicy(served=backend._trainees[model.name].served)
+    with pytest.raises(T.UnmatchedTurnError, match=r"group 0, trajectory 1: .*message 2: .*"):
+        T.samples_from_groups([group], tok, scale_rewards=False, policy=policy)
+    with pytest.raises(T.UnmatchedTurnError, match="allow_rerendered_turns"):
+        await backend.train(model, [group])
+    rerender = T.TurnPolicy(served=None, rerender=True)
+    (cut, _), _ = T.samples_from_groups([group], tok, scale_rewards=False, policy=rerender)
+    assert cut.completion_ids[-1] != tok.eos_token_id  # cut by the budget: no end of turn
+    result = await backend.train(model, [group], allow_rerendered_turns=True, learning_rate=1e-6)
+    assert (result.metrics["turns_recovered"], result.metrics["turns_rerendered"]) == (1, 1)

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from art_rlvr.backend import checkpoints as ckpt
 from art_rlvr.backend.engine import GenerationEngine
 from art_rlvr.backend.model_source import resolve_base_model
+from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Trainee:
     step_adapters: OrderedDict[int, str] = field(default_factory=OrderedDict)
     leases: dict[int, int] = field(default_factory=dict)
     tokenizer: Any = None  # renders its conversations (its chat template); None: the base's
+    served: ServedLog = field(default_factory=ServedLog)  # what its server routes returned
 
     def __post_init__(self) -> None:
         self.tokenizer = self.tokenizer or self.base.tokenizer

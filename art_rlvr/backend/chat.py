@@ -50,7 +50,7 @@ def render_ids(
 ) -> list[int]:
     """Token ids of `messages` (OpenAI chat format) under the model's chat template."""
     template_kwargs.pop("preserve_thinking", None)  # ART's vLLM-only switch
-    tools = [_plain(t) for t in tools or []] or None
+    tools = canonical_tools(tools)
     if template_supports_tools(tokenizer):
         rendered = tokenizer.apply_chat_template(
             [_native_message(m) for m in messages],
@@ -67,6 +67,26 @@ def render_ids(
             **template_kwargs,
         )
     return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+
+def canonical_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """Tool dicts in one key order, whatever order a client or ART stored them in.
+
+    The rendered prompt spells the tools out as JSON, so key order is part of the prompt: ART's
+    `Trajectory.tools` puts "function" before "type" while clients send "type" first, and the
+    trainer must render exactly what the server rendered. The schema inside `parameters` is the
+    client's own text and keeps its order.
+    """
+    out = []
+    for tool in tools or []:
+        plain = _plain(tool)
+        function = _plain(plain.get("function") or {})
+        known = {k: function[k] for k in _FUNCTION_KEYS if function.get(k) is not None}
+        out.append({"type": plain.get("type", "function"), "function": known})
+    return out or None
+
+
+_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 
 def template_supports_tools(tokenizer) -> bool:
@@ -93,7 +113,7 @@ def hermes_messages(
     out: list[dict[str, str]] = []
     names: dict[str, str] = {}
     for raw in messages:
-        message = _plain(raw)
+        message = canonical_message(raw)
         role = message["role"]
         if role == "tool":
             call_id = message.get("tool_call_id") or ""
@@ -109,11 +129,11 @@ def hermes_messages(
             continue
         content = text_content(message.get("content"))
         calls = message.get("tool_calls") or []
-        names |= {c.get("id", ""): c["function"]["name"] for c in calls}
+        names |= {c["id"]: c["function"]["name"] for c in calls}
         blocks = [tool_call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls]
         content = "\n".join([content, *blocks] if content else blocks)
         out.append({"role": "system" if role == "developer" else role, "content": content})
-    if tools:
+    if tools := canonical_tools(tools):
         block = HERMES_TOOLS_PROMPT.format(
             tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
         )
@@ -142,17 +162,38 @@ def _tool_response(name: str | None, call_id: str, content: str) -> str:
     return f"<tool_response>\n{head}\n{content}\n</tool_response>"
 
 
-def _native_message(raw: dict[str, Any]) -> dict[str, Any]:
+def _native_message(raw: Any) -> dict[str, Any]:
     """What Hugging Face tool templates expect: text content, arguments as objects."""
-    message = _plain(raw)
-    if isinstance(message.get("content"), list):
-        message["content"] = text_content(message["content"])
+    message = canonical_message(raw)
+    message["content"] = text_content(message["content"]) if message["content"] else None
     if message.get("tool_calls"):
         message["tool_calls"] = [
             {**c, "function": {**c["function"], "arguments": _arguments_object(c["function"])}}
             for c in message["tool_calls"]
         ]
     return message
+
+
+def canonical_message(raw: Any) -> dict[str, Any]:
+    """The fields a chat template reads, in one shape, whatever the client added: LangChain's
+    tool calls carry `args` and `name` beside `function`, the OpenAI SDK's objects `None`s."""
+    message = _plain(raw)
+    out: dict[str, Any] = {"role": message["role"], "content": message.get("content")}
+    if calls := message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": call.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": (function := _plain(call["function"]))["name"],
+                    "arguments": function.get("arguments", "{}"),
+                },
+            }
+            for call in map(_plain, calls)
+        ]
+    if message.get("tool_call_id") is not None:
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
 
 
 def _arguments_object(function: dict[str, Any]) -> Any:

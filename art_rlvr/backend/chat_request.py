@@ -2,6 +2,10 @@
 extras ART's `model.openai_client()` sends, and the rules that decide the engine's sampling
 (vLLM's defaults for `tool_choice`; a grammar for a forced tool call or a JSON reply). Unknown
 fields are ignored, as vLLM does; incoherent ones are a 400 before anything is generated.
+
+A forced tool call and a `response_format` may come together (the OpenAI Agents SDK sends both
+for an agent with tools and a typed output): as on OpenAI and vLLM, the forced call's grammar
+applies to the turn that forces it, the response format to turns that force no call.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class ChatRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[ToolSpec] | None = None
@@ -98,8 +102,8 @@ class ChatRequest(BaseModel):
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
             raise ValueError("response_format: type json_schema needs a json_schema object")
-        if self.forces_tool_call and fmt is not None and fmt.type != "text":
-            raise ValueError("response_format: cannot be combined with a forced tool_choice")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: only allowed when logprobs is true")
         return self
 
     @property
@@ -121,7 +125,7 @@ class ChatRequest(BaseModel):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def grammar(self) -> str | None:
-        """The constraint on the reply: a forced tool call, or a JSON response format."""
+        """The constraint on the reply: a forced tool call, else a JSON response format."""
         tools = self.tool_dicts() or []
         if isinstance(self.choice, NamedToolChoice):
             named = [t for t in tools if t["function"]["name"] == self.choice.function.name]
@@ -146,4 +150,5 @@ class ChatRequest(BaseModel):
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             grammar=self.grammar(),
+            top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0,
         )

@@ -41,6 +41,7 @@ class Row:
     rng: random.Random  # the row's uniform draws: seeded per request and index, or shared
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # when top_logprobs > 0
     matcher: Any = None  # xgrammar.GrammarMatcher for a constrained row
     result: Completion | None = None
 
@@ -198,11 +199,11 @@ def _stopped(row: Row, tokenizer) -> bool:
     cut = min((text.find(s) for s in stop if s in text), default=-1)
     if cut < 0:
         return False
-    row.result = Completion(row.tokens, row.logprobs, text[:cut], "stop")
+    row.result = Completion(row.tokens, row.logprobs, text[:cut], "stop", row.top or None)
     return True
 
 
 def _complete(tokenizer, row: Row, reason: str, *, include_last: bool) -> Completion:
     visible = row.tokens if include_last else row.tokens[:-1]
     text = tokenizer.decode(visible, skip_special_tokens=True)
-    return Completion(list(row.tokens), list(row.logprobs), text, reason)
+    return Completion(list(row.tokens), list(row.logprobs), text, reason, row.top or None)

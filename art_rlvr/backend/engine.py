@@ -374,8 +374,8 @@ class GenerationEngine:
     def _step(self, batch: Batch) -> None:
         """Sample one token for every row, retire finished rows, run the model once."""
         assert batch.logits is not None and batch.attention is not None
-        chosen, tokens, logps = self._sample(batch)
-        keep = self._record(batch, tokens, logps)
+        chosen, tokens, logps, tops = self._sample(batch)
+        keep = self._record(batch, tokens, logps, tops)
         self.stats.completion_tokens += len(batch.rows)
         if len(keep) < len(batch.rows):
             select(batch, keep)
@@ -397,29 +397,48 @@ class GenerationEngine:
         batch.logits = out.logits[:, -1, :].float()
         batch.next_pos = batch.next_pos + 1
 
-    def _sample(self, batch: Batch) -> tuple[torch.Tensor, list[int], list[float]]:
+    def _sample(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, list[int], list[float], list[list[tuple[int, float]]] | None]:
         """Every row's token in one call (its own temperature, top-p and uniform draw), as a
-        tensor for the next forward and as ints, with logprobs, for the rows."""
+        tensor for the next forward and as ints, with logprobs (and the most likely tokens
+        where a row asked for them), for the rows."""
         assert batch.logits is not None
         self.grammars.mask(batch.logits, [r.matcher for r in batch.rows])
-        chosen, logps = sample(
+        top_k = max(r.request.params.top_logprobs for r in batch.rows)
+        chosen, logps, top = sample(
             batch.logits,
             temperature=batch.temperature,
             top_p=batch.top_p,
             uniform=batch.uniforms(),
+            top_k=top_k,
         )
-        return chosen, chosen.tolist(), logps.tolist()
+        tops = None
+        if top is not None:
+            values, ids = top[0].tolist(), top[1].tolist()
+            tops = [list(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+        return chosen, chosen.tolist(), logps.tolist(), tops
 
-    def _record(self, batch: Batch, tokens: list[int], logps: list[float]) -> list[int]:
+    def _record(
+        self,
+        batch: Batch,
+        tokens: list[int],
+        logps: list[float],
+        tops: list[list[tuple[int, float]]] | None = None,
+    ) -> list[int]:
         """Append each row's token; retire finished rows; the slots of the rows that go on."""
         keep: list[int] = []
         for slot, (row, token, logp) in enumerate(zip(batch.rows, tokens, logps, strict=True)):
             row.tokens.append(token)
             row.logprobs.append(logp)
+            top: tuple[tuple[int, float], ...] = ()
+            if tops is not None and (wanted := row.request.params.top_logprobs):
+                top = tuple(tops[slot][:wanted])
+                row.top.append(list(top))
             if row.matcher is not None and not row.matcher.accept_token(token):
                 raise RuntimeError(f"grammar rejected its own token {token}")
             if row.request.on_token is not None:
-                row.request.on_token(TokenEvent(row.index, token, logp))
+                row.request.on_token(TokenEvent(row.index, token, logp, top))
             if finish(row, self.tokenizer, self.eos_ids):
                 self._retire(batch, row)
             else:

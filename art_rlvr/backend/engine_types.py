@@ -20,6 +20,7 @@ class SamplingParams(BaseModel):
     seed: int | None = None
     ignore_eos: bool = False  # vLLM's option: keep sampling past end-of-sequence (benchmarks)
     grammar: str | None = None  # an xgrammar structural tag (JSON text): constrained decoding
+    top_logprobs: int = Field(default=0, ge=0, le=20)  # the most likely tokens at each step
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" | "length"
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when asked for
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class TokenEvent:
     index: int
     token_id: int
     logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass

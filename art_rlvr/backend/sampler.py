@@ -19,15 +19,22 @@ NUCLEUS_CANDIDATES = 1024  # top-p searches these most likely tokens before sort
 
 
 def sample(
-    logits: torch.Tensor, *, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token per row, its log-probability under the untempered distribution of `logits`).
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    uniform: torch.Tensor,
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """(token per row, its log-probability under the untempered distribution of `logits`, and
+    with `top_k` > 0 the `top_k` most likely tokens' (logprobs, ids) of that same distribution).
 
     `temperature`, `top_p` and `uniform` (float64 in [0, 1)) are CPU tensors, one value per row,
     so the branches below cost no device synchronisation."""
     logp = torch.log_softmax(logits, dim=-1)
     tokens = _sampled(logits, logp, temperature, top_p, uniform)
-    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+    top = logp.topk(top_k, dim=-1) if top_k > 0 else None
+    return tokens, logp.gather(-1, tokens[:, None])[:, 0], (tuple(top) if top else None)
 
 
 def sample_tokens(

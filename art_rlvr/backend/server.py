@@ -13,6 +13,12 @@ parsed into `tool_calls` with `finish_reason="tool_calls"`; `tool_choice` `none`
 decoding, so the call is well formed and its arguments match the schema; `stream=true` as
 server-sent events whose deltas add up to the non-streamed reply, token ids on every chunk.
 vLLM answers `required` with a JSON list instead of Hermes text; the API result is the same.
+As there: `parallel_tool_calls=false` returns the first call only, a reply cut by the token
+budget finishes with "length" (a call it cut short stays in the content as text), and
+`top_logprobs` gives the most likely tokens of the distribution the logprob comes from.
+
+Every completion returned is recorded in the route's `ServedLog` (backend/served.py), so that
+the trainer can train the exact ids even when the client kept only the text.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from art_rlvr.backend.engine import (
     SamplingParams,
     TokenEvent,
 )
+from art_rlvr.backend.served import ServedLog
 
 
 class ModelNotFound(LookupError):
@@ -57,6 +64,7 @@ class Route:
     stream: Callable[[list[int], SamplingParams, int], AsyncIterator[TokenEvent | list[Completion]]]
     decode: Callable[[list[int]], str]
     decode_token: Callable[[int], str]
+    served: ServedLog | None = None  # where what this route returns is recorded
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -124,13 +132,17 @@ def build_app(
             return _error(503, "the server is shutting down", "server_error")
         except (ValueError, TypeError, KeyError) as error:
             return _error(400, f"bad request: {error}")
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(
-                _sse(req, prompt_ids, first, events, route),
+                _sse(req, prompt_ids, first, events, route, response_id),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return JSONResponse(_response(req, prompt_ids, completions, route.decode_token))
+        _record(route, req, response_id, prompt_ids, completions)
+        return JSONResponse(
+            _response(req, response_id, prompt_ids, completions, route.decode_token)
+        )
 
     return app
 
@@ -140,30 +152,61 @@ def _token_label(req: ChatRequest, decode_token: Callable[[int], str], token: in
 
 
 def _logprobs(
-    req: ChatRequest, decode_token: Callable[[int], str], tokens: list[int], logprobs: list[float]
+    req: ChatRequest,
+    decode_token: Callable[[int], str],
+    tokens: list[int],
+    logprobs: list[float],
+    tops: list[list[tuple[int, float]]] | None = None,
 ) -> dict[str, Any]:
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        label = _token_label(req, decode_token, token)
+        return {"token": label, "logprob": logprob, "bytes": None}
+
+    per_token = tops if tops is not None else [[] for _ in tokens]
     return {
         "content": [
-            {
-                "token": _token_label(req, decode_token, t),
-                "logprob": lp,
-                "bytes": None,
-                "top_logprobs": [],
-            }
-            for t, lp in zip(tokens, logprobs, strict=True)
+            {**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]}
+            for t, lp, top in zip(tokens, logprobs, per_token, strict=True)
         ]
     }
 
 
 def _message(req: ChatRequest, c: Completion) -> tuple[dict[str, Any], str]:
-    """The assistant message and finish reason: tool calls parsed out when tools are on."""
+    """The assistant message and finish reason: tool calls parsed out when tools are on (the
+    first only without `parallel_tool_calls`); "length" whenever the budget cut the reply."""
     if not req.parses_tool_calls:
         return {"role": "assistant", "content": c.text}, c.finish_reason
     content, calls = parse_tool_calls(c.text)
+    if not req.parallel_tool_calls:
+        calls = calls[:1]
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    return message, "tool_calls" if calls else c.finish_reason
+    finish = c.finish_reason if c.finish_reason == "length" or not calls else "tool_calls"
+    return message, finish
+
+
+def _record(
+    route: Route,
+    req: ChatRequest,
+    response_id: str,
+    prompt_ids: list[int],
+    completions: list[Completion],
+) -> None:
+    """Keep what was served, keyed by what any client keeps of it (`ServedLog`)."""
+    if route.served is None:
+        return
+    replies = [_message(req, c)[0] for c in completions]
+    route.served.add(
+        req.messages,
+        req.tool_dicts(),
+        response_id,
+        prompt_ids,
+        [
+            (message, c.token_ids, c.logprobs, c.finish_reason)
+            for message, c in zip(replies, completions, strict=True)
+        ],
+    )
 
 
 def _usage(prompt_ids: list[int], completions: list[Completion]) -> dict[str, int]:
@@ -177,6 +220,7 @@ def _usage(prompt_ids: list[int], completions: list[Completion]) -> dict[str, in
 
 def _response(
     req: ChatRequest,
+    response_id: str,
     prompt_ids: list[int],
     completions: list[Completion],
     decode_token: Callable[[int], str],
@@ -188,7 +232,7 @@ def _response(
             "index": index,
             "message": message,
             "finish_reason": finish_reason,
-            "logprobs": _logprobs(req, decode_token, c.token_ids, c.logprobs)
+            "logprobs": _logprobs(req, decode_token, c.token_ids, c.logprobs, c.top_logprobs)
             if req.logprobs
             else None,
         }
@@ -196,7 +240,7 @@ def _response(
             choice["token_ids"] = c.token_ids
         choices.append(choice)
     payload: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": response_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": req.model,
@@ -218,6 +262,7 @@ class _ChoiceStream:
 
     parse_tools: bool
     stops: list[str]
+    max_calls: int | None = None  # 1 without parallel_tool_calls
     tokens: list[int] = field(default_factory=list)
     content: str = ""
     calls: int = 0
@@ -228,6 +273,7 @@ class _ChoiceStream:
             holdback = max((len(s) for s in self.stops), default=1) - 1
             text = text[: min(cut, len(text) - holdback)].rstrip("\ufffd")
         content, calls = scan(text, final=final) if self.parse_tools else (text, [])
+        calls = calls[: self.max_calls]
         out: list[dict[str, Any]] = []
         if len(content) > len(self.content) and content.startswith(self.content):
             out.append({"content": content[len(self.content) :]})
@@ -249,10 +295,11 @@ async def _sse(
     first: TokenEvent | list[Completion],
     events: AsyncIterator[TokenEvent | list[Completion]],
     route: Route,
+    response_id: str,
 ) -> AsyncIterator[str]:
     """Server-sent events in the OpenAI chunk format, vLLM's token metadata on each chunk."""
     head = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": response_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": req.model,
@@ -262,7 +309,8 @@ async def _sse(
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
     stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
-    streams = [_ChoiceStream(req.parses_tool_calls, stops) for _ in range(req.n)]
+    max_calls = None if req.parallel_tool_calls else 1
+    streams = [_ChoiceStream(req.parses_tool_calls, stops, max_calls) for _ in range(req.n)]
     opening = [
         {"index": i, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         for i in range(req.n)
@@ -279,6 +327,7 @@ async def _sse(
                     yield chunk([{"index": index, "delta": {}, "finish_reason": finish_reason}])
                 if req.stream_options is not None and req.stream_options.include_usage:
                     yield chunk([], usage=_usage(prompt_ids, item))
+                _record(route, req, response_id, prompt_ids, item)
                 break
             stream = streams[item.index]
             stream.tokens.append(item.token_id)
@@ -286,7 +335,7 @@ async def _sse(
             choice: dict[str, Any] = {"index": item.index, "finish_reason": None}
             if req.logprobs:
                 choice["logprobs"] = _logprobs(
-                    req, route.decode_token, [item.token_id], [item.logprob]
+                    req, route.decode_token, [item.token_id], [item.logprob], [list(item.top)]
                 )
             if req.return_token_ids:
                 choice["token_ids"] = [item.token_id]

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import art
 import torch
@@ -35,7 +35,9 @@ from art_rlvr.backend.chat_templates import model_tokenizer
 from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams
 from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
+from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
+from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
@@ -191,7 +193,7 @@ class TorchBackend:
         trajectory_groups: Iterable[art.TrajectoryGroup],
         *,
         learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        loss_fn: Loss = "cispo",
         loss_fn_config: dict | None = None,
         kl_penalty_coef: float = 0.0,
         epsilon: float | None = None,
@@ -199,10 +201,20 @@ class TorchBackend:
         scale_rewards: bool = True,
         max_grad_norm: float = 1.0,
         save_checkpoint: bool = True,
+        allow_training_without_logprobs: bool = False,
+        allow_rerendered_turns: bool = False,
         verbose: bool = False,
         **unknown: Any,
     ) -> art.TrainResult:
         """One optimizer step over every sampled assistant turn of the groups.
+
+        Each turn trains on the ids the server sampled: from the Choice, or, where the client
+        dropped them (LangChain, the Agents SDK), from the server's record of what it returned.
+        A turn it has no record of is an error naming it, unless `allow_rerendered_turns`
+        (then it is re-rendered from its text); a Choice with ids but no logprobs is skipped
+        unless `allow_training_without_logprobs`, as on ART's LocalBackend. The metrics count
+        the turns by source: `turns_served`, `turns_recovered`, `turns_rerendered`,
+        `turns_skipped`.
 
         As on ART's own backends, the step advances and its weights are served whether or not
         `save_checkpoint` is set (ART's `PipelineTrainer` sets it only on evaluation steps);
@@ -235,8 +247,14 @@ class TorchBackend:
             max_grad_norm=max_grad_norm,
             microbatch_size=self.microbatch_size,
         )
+        policy = T.TurnPolicy(
+            served=trainee.served,
+            rerender=allow_rerendered_turns,
+            without_logprobs=allow_training_without_logprobs,
+            model=self._model_inference_name(model),
+        )
         samples, stats = T.samples_from_groups(
-            groups, trainee.tokenizer, scale_rewards=scale_rewards
+            groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
         metrics = await asyncio.to_thread(S.rl_step, trainee, samples, settings)
         metrics |= {
@@ -245,6 +263,7 @@ class TorchBackend:
             "trajectories": float(stats.trained_trajectories),
             "sequences": float(len(samples)),
             "assistant_turns": float(stats.turns),
+            **stats.counts.metrics(),
         }
         await asyncio.to_thread(A.advance, trainee, optimizer_state=save_checkpoint)
         await asyncio.to_thread(release_free_memory)
@@ -261,8 +280,11 @@ class TorchBackend:
         verbose: bool = False,
     ) -> AsyncIterator[dict[str, float]]:
         trainee = self._trainee(model)
-        samples = T.sft_samples(
-            trajectories, trainee.tokenizer, assistant_turns=config.assistant_turns
+        samples, counts = T.sft_samples(
+            trajectories,
+            trainee.tokenizer,
+            assistant_turns=config.assistant_turns,
+            served=trainee.served,
         )
         if not samples:
             raise T.TrainingDataError("train_sft() got no trajectories")
@@ -276,9 +298,10 @@ class TorchBackend:
         if len(rates) != len(batches):
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
-            yield await asyncio.to_thread(
+            metrics = await asyncio.to_thread(
                 S.sft_step, trainee, batch, float(rate), self.microbatch_size
             )
+            yield metrics | counts.metrics()  # the step's totals: ART averages over batches
         await asyncio.to_thread(A.advance, trainee, optimizer_state=True)
         await asyncio.to_thread(release_free_memory)
 
@@ -348,13 +371,18 @@ class TorchBackend:
                 raise ModelNotFound(f"bad step in model name {name!r}")
             step = int(step_text) if step_text else trainee.step
             return self._route(
-                trainee.base, trainee.tokenizer, lambda: self._step_adapter(trainee, step)
+                trainee.base,
+                trainee.tokenizer,
+                lambda: self._step_adapter(trainee, step),
+                trainee.served,
             )
         if name in self._bases:
             return self._route(self._bases[name], self._bases[name].tokenizer, lambda: None)
         raise ModelNotFound(f"model {name!r} is not served here; available: {self._served_names()}")
 
-    def _route(self, base: _Base, tokenizer: Any, adapter_for: Any) -> Route:
+    def _route(
+        self, base: _Base, tokenizer: Any, adapter_for: Any, served: ServedLog | None = None
+    ) -> Route:
         engine = base.engine
         assert engine is not None
 
@@ -376,4 +404,5 @@ class TorchBackend:
             stream=stream,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             decode_token=lambda t: tokenizer.decode([t]),
+            served=served,
         )

@@ -378,5 +378,6 @@ async def distill_round(
         loss_fn=loss_fn,
         kl_penalty_coef=kl_penalty_coef,
         scale_rewards=scale_rewards,
+        allow_rerendered_turns=True,  # relabelled turns were sampled under the hinted prompt
     )
     return {"rl_groups": float(len(groups)), **{k: float(v) for k, v in result.metrics.items()}}

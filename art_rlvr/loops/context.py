@@ -56,19 +56,13 @@ def clocks(ctx: RunContext) -> dict[str, float]:
 
 
 def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
-    """Reward stats and the all-correct / all-wrong / mixed split that says where signal is."""
+    """Reward stats and the all-correct / all-wrong / mixed split (by `is_correct`, the one
+    rule: a retry solved on its second try is correct at reward 0.5) that says where signal is."""
     rewards = [t.reward for g in groups for t in g.trajectories]
     if not rewards:
         return {"trajectories": 0.0}
-    kinds = [
-        "all_correct"
-        if all(t.reward >= 1 for t in g.trajectories)
-        else "all_wrong"
-        if all(t.reward <= 0 for t in g.trajectories)
-        else "mixed"
-        for g in groups
-        if g.trajectories
-    ]
+    verdicts = [[is_correct(t) for t in g.trajectories] for g in groups if g.trajectories]
+    kinds = ["all_correct" if all(v) else "all_wrong" if not any(v) else "mixed" for v in verdicts]
     trajectories = [t for g in groups for t in g.trajectories]
     return {
         "reward_mean": statistics.fmean(rewards),

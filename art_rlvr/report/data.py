@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from art_rlvr.outcome import correct_from
+from art_rlvr.core import correct_from
 from art_rlvr.records import (
     AlarmEvent,
     Event,

@@ -10,27 +10,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from art_rlvr.outcome import correct_from
+from art_rlvr.core import Record, Score
 from art_rlvr.text import did_you_mean
-
-Record = Mapping[str, Any]
-
-
-class Score(BaseModel):
-    """What a reward says about one completion: the number, why, and countable facts."""
-
-    model_config = ConfigDict(frozen=True)
-
-    reward: float = Field(ge=0.0, le=1.0)
-    feedback: str = ""
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-    @property
-    def correct(self) -> bool:
-        return correct_from(self.reward, self.metrics)
-
 
 RewardFn = Callable[[Record, str], Score | float | bool | Awaitable[Score | float | bool]]
 
