@@ -236,6 +236,18 @@ def test_ctrl_c_stops_in_seconds_says_how_to_resume_last_and_resumes(
     assert steps == sorted(set(steps)) == [1, 2, 3]
 
 
+def test_ctrl_c_while_art_and_torch_load_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C a second after the first line, while ART and torch are still being imported
+    (~15 s of CPU): the run stops in seconds (it took ~30 s, the imports' end), resume line
+    last on the console and in run.log."""
+    run_dir = tmp_path / "early"
+    args = [*TINY, "mode=eval", f"run_dir={run_dir}"]
+    code, took, after = interrupt(args, 1, "(loading ART, torch and the model)")
+    assert code == 130 and took < 5, (code, took, after[-20:])
+    assert after[-1] == RESUME and not [line for line in after if "Traceback" in line], after
+    assert (run_dir / "run.log").read_text().splitlines()[-1] == RESUME
+
+
 @pytest.mark.parametrize(
     ("env", "prefix"),
     [({"UV": "/usr/bin/uv"}, "uv run python"), ({}, "python")],
