@@ -11,6 +11,7 @@ so nothing is lost either way).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import random
@@ -542,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(cfg, files)
         log_file = files.root / "run.log"
         log.info("%s", start_line(cfg, task, files))
+        import_heavy_modules(cfg)
         summary = asyncio.run(interruptible(execute(cfg, task, files), log_file))
     except USER_ERRORS as error:
         return finish(f"error: {error}", log_file, code=2)
@@ -556,6 +558,16 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("the run crashed (a bug: please report it with run.log)")
         return finish("", log_file, code=1)
     return finish("\n".join(summary_lines(summary, cfg.directory)), log_file, code=0)
+
+
+def import_heavy_modules(cfg: RunConfig) -> None:
+    """ART, torch and the loops (~15 s of CPU), imported before the event loop starts: here a
+    Ctrl-C stops them at once; inside the loop it would be seen only once they were done."""
+    names = ["art_rlvr.loops.context"]  # art, and through it torch
+    if cfg.policy.model is None and cfg.backend == "torch":
+        names.append("art_rlvr.backend.torch_backend")  # transformers, peft
+    for name in names:
+        importlib.import_module(name)
 
 
 def close_progress_bars() -> None:

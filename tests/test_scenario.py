@@ -264,3 +264,31 @@ def test_a_tool_scenario_leaves_room_for_a_whole_call() -> None:
         ]
         assert scenario_defaults([f"scenario={name}", "max_tokens=16"], task) == []
     assert scenario_defaults(["scenario=arith"], load_task("arith")) == []
+
+
+@pytest.mark.parametrize(
+    ("reward", "formats"), [('"user_rewards:as_bool"', False), ('"numeric"', True)]
+)
+async def test_an_evaluation_reports_format_only_when_the_reward_measures_it(
+    reward_module: Path, reward: str, formats: bool
+) -> None:
+    """A user's reward without a `format` metric gets no `format 0.00` in the eval line (it
+    measured nothing); the built-in numeric reward, which measures it, keeps it. Real rollouts
+    against the scripted OpenAI-compatible server on loopback."""
+    import art
+
+    from art_rlvr.evaluation import evaluate
+    from art_rlvr.testing import ScriptedServer, Step
+
+    task = load_task(str(user_toml(reward_module, reward=reward)), seed=0)
+    scenarios = task.splits["train"] + task.splits["val"]
+    replies = [Step.reply("2")] * len(scenarios)  # the rollouts run concurrently
+    with ScriptedServer(replies) as server:
+        model = art.Model(
+            name="fmt", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        report = await evaluate(model, scenarios)
+    assert report.n == len(scenarios) == 3 and report.errors == 0
+    assert (report.format_rate is not None) == formats
+    assert ("format" in report.line()) == formats, report.line()
