@@ -19,6 +19,12 @@ from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template,
 from art_rlvr.backend.model_source import declares_chat_template
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
+from art_rlvr.environments.mcp_tools import (
+    McpServerError,
+    close_servers,
+    servers_of,
+    start_servers,
+)
 from art_rlvr.mixture import Mixture, load_scenarios
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
@@ -124,7 +130,9 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
     backend = None
+    servers = servers_of(t.environment for t in task.tasks)  # MCP tool servers: one per run
     try:
+        await start_servers(servers)
         if cfg.policy.model is not None:  # an external model: no backend, no embedded model
             from art_rlvr.policy import external_model
 
@@ -149,6 +157,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
         write_summary(files, cfg, task, {"failed": str(error)}, started, prior)
         raise
     finally:
+        await close_servers(servers)
         if backend is not None:
             await backend.close()
         if tracing:
@@ -348,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         ScenarioFileError,
         StateFileError,
         BackendUnavailable,
+        McpServerError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
