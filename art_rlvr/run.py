@@ -78,22 +78,13 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
 
 async def run_mode(ctx: RunContext) -> dict[str, Any]:
     """Run (or resume) the configured mode in the run folder; the dict goes into summary.json."""
-    from art_rlvr.loops.context import run_eval
     from art_rlvr.loops.rl import run_rl
 
     mode = ctx.config.mode
-    if mode == "eval" and ctx.config.eval_samples > 1:
+    if mode == "eval":
         return await sampled_eval(
             ctx.config, ctx.task, ctx.files, ctx.model, ctx.started, ctx.cpu_started
         )
-    if mode == "eval":
-        step = await ctx.model.get_step()
-        report = await run_eval(ctx, step)
-        return {
-            "val_accuracy_before": report.accuracy,
-            "val_accuracy_after": report.accuracy,
-            "steps": step,
-        }
     if mode in ("gepa_rl", "gepa_rl_ei") or (mode == "rl" and ctx.config.enable_expert_iteration):
         from art_rlvr.loops.schedule import run_schedule
 
@@ -173,41 +164,60 @@ async def sampled_eval(
     started: float,
     cpu_started: float,
 ) -> dict[str, Any]:
-    """mode=eval with `eval_samples` per val item and pass@k, of the run's own model or an
-    external policy (`policy.model`); logged to metrics.jsonl and trajectories/val_<step>."""
-    from art_rlvr.evaluation import evaluate_samples
+    """mode=eval: `eval_samples` rollouts per val item (greedy by default), pass@k and pass^k,
+    of the run's own model or an external policy (`policy.model`), resumable from
+    evals/val_<step>/ (art_rlvr.eval_run); logged to metrics.jsonl and trajectories/val_<step>."""
+    from art_rlvr.eval_run import eval_folder, evaluate_resumable, plan_for
     from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
-    from art_rlvr.policy import spent
     from art_rlvr.rollouts import SamplingConfig
 
     scenarios = task.held_out("val", cfg.val_limit)
     external = cfg.policy.model is not None
     step = 0 if external else await model.get_step()
-    report = await evaluate_samples(
-        model,
-        scenarios,
+    sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature)
+    plan = plan_for(
+        split="val",
+        step=step,
+        policy=cfg.policy.model or model.get_inference_name(step),
+        scenario=task.name,
+        files=[t.path for t in task.tasks],
+        scenarios=scenarios,
         samples=cfg.eval_samples,
-        ks=cfg.pass_ks,
-        sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
+        sampling=sampling,
         seed=cfg.seed,
         system_prompt=cfg.system_prompt,
-        max_in_flight=cfg.policy.max_in_flight,
     )
-    usage = spent(model)
-    cost = usage.cost_usd if usage is not None else None
+    result = await evaluate_resumable(
+        model,
+        scenarios,
+        folder=eval_folder(files.root, "val", step),
+        plan=plan,
+        sampling=sampling,
+        ks=cfg.pass_ks,
+        system_prompt=cfg.system_prompt,
+        max_in_flight=cfg.policy.max_in_flight,
+        spent=lambda: policy_spent(model),
+        about={"model": model_about(cfg, model, step), "versions": _versions()},
+    )
+    report, cost = result.report, result.metadata["cost_usd"]
     event = eval_event(
         report,
         step,
         scenarios=by_scenario(scenarios, report.groups, report.samples),
         policy=cfg.policy.model,
         cost_usd=cost,
+        pass_all=report.pass_all,
         wall_seconds=time.monotonic() - started,
         cpu_seconds=cpu_seconds() - cpu_started,
     )
     line = f"{report.line()}{scenario_line(event.by_scenario)}"
-    log.info("%s %s, cost %s", cfg.policy.label, line, _usd(cost) or "unknown")
+    reused = f" ({result.reused} rollouts from an earlier session)" if result.reused else ""
+    if external:
+        log.info("%s %s, cost %s%s", cfg.policy.label, line, _usd(cost) or "unknown", reused)
+    else:
+        log.info("step %d %s%s", step, line, reused)
     files.append_event(event)
-    files.write_trajectories(f"val_{step:04d}", report.groups)
+    files.write_rows(f"val_{step:04d}", result.trajectory_rows())
     if not external:  # ART's history lives with the run's own (trainable) model
         await model.log(report.groups, split="val", step=step)
     return {
@@ -218,9 +228,26 @@ async def sampled_eval(
         "policy": cfg.policy.model,
         "eval_samples": report.samples,
         "pass_at_k": report.pass_at,
+        "pass_all_k": report.pass_all,
         "completion_tokens": report.completion_tokens,
         "cost_usd": cost,
     }
+
+
+def policy_spent(model: Any) -> Any:
+    """An external litellm policy's running spending, as the evaluation journals it."""
+    from art_rlvr.eval_run import Spent
+    from art_rlvr.policy import spent
+
+    usage = spent(model)
+    return None if usage is None else Spent.model_validate(usage, from_attributes=True)
+
+
+def model_about(cfg: RunConfig, model: Any, step: int) -> dict[str, Any]:
+    """Which model an evaluation scored, for its metadata (no key, only where it is served)."""
+    if cfg.policy.model is not None:
+        return {"policy": cfg.policy.model, "api_base": cfg.policy.api_base}
+    return {"name": model.name, "base_model": cfg.base_model, "step": step, "backend": cfg.backend}
 
 
 def _usd(cost: float | None) -> str | None:
@@ -306,6 +333,12 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
             ", ".join(f"pass@{k} {v:.3f}" for k, v in sorted(s.pass_at_k.items()))
             + f" (n={s.eval_samples})"
             if s.pass_at_k
+            else None,
+        ),
+        (
+            "pass^k",
+            ", ".join(f"pass^{k} {v:.3f}" for k, v in sorted(s.pass_all_k.items()))
+            if s.pass_all_k and s.eval_samples and s.eval_samples > 1
             else None,
         ),
         ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
