@@ -22,14 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from art_rlvr.export import ExportError, check_out_dir
+from art_rlvr.export import ExportError, check_out_dir, staged
 from art_rlvr.runfiles import read_jsonl
 
 KINDS = ("train", "val", "test")
@@ -192,20 +190,12 @@ def export_rollouts(
     names = sorted({k for rows in splits.values() for r in rows for k in r["metrics"]})
     names = names or ["correct"]  # Parquet cannot hold a struct without fields
     table_schema = schema(names)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         (tmp / "data").mkdir()
         for name, rows in splits.items():
             table = pa.Table.from_pylist(rows, schema=table_schema)
             pq.write_table(table, tmp / "data" / f"{name}-00000-of-00001.parquet")
         (tmp / "README.md").write_text(card(splits, run))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return {name: len(rows) for name, rows in splits.items()}
 
 

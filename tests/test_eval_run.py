@@ -21,7 +21,7 @@ from pathlib import Path
 
 import art
 import pytest
-from test_eval_any_model import base_env, cli
+from test_eval_any_model import ITEMS, N, base_env, cli, external_args
 
 from art_rlvr.eval_run import EvalPlan, evaluate_resumable, plan_for
 from art_rlvr.evaluation import mean_pass_all_k, mean_pass_at_k, pass_all_k, pass_at_k
@@ -33,7 +33,7 @@ from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Scenario, load_task
 from art_rlvr.testing import ScriptedServer, Step
 
-ITEMS, N, SEED = 3, 4, 0
+SEED = 0  # ITEMS items x N samples, as test_eval_any_model's runs
 # item 0 right 2 of 4, item 1 0 of 4, item 2 3 of 4
 PATTERN = [[True, False, True, False], [False] * 4, [True, True, False, True]]
 
@@ -204,22 +204,6 @@ async def test_a_journal_of_other_settings_is_refused(
         await run(server, folder, scenarios)
 
 
-def eval_args(server: ScriptedServer, run_dir: Path) -> list[str]:
-    return [
-        "mode=eval",
-        "policy.model=openai/scripted",
-        f"policy.api_base={server.base_url}",
-        "policy.api_key_env=ART_RLVR_TEST_KEY",
-        "policy.max_in_flight=1",
-        f"eval_samples={N}",
-        "eval_temperature=1.0",
-        "eval_k=1,2,4",
-        f"val_limit={ITEMS}",
-        f"seed={SEED}",
-        f"run_dir={run_dir}",
-    ]
-
-
 def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> None:
     """`python -m art_rlvr.run mode=eval` killed (SIGKILL) mid-way; the same command again
     runs only what the journal lacks; summary, metadata and metrics agree with the reference;
@@ -228,11 +212,11 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
     ids = [s.id for s in scenarios]
     run_dir = tmp_path / "run"
     folder = run_dir / "evals" / "val_0000"
-    env = base_env(ART_RLVR_TEST_KEY="sk-test")
+    env = base_env(ART_RLVR_TEST_KEY="sk-test-resume")
     slow = [s.model_copy(update={"delay_s": 1.0}) for s in script(KEYS, scenarios)]
     with ScriptedServer(slow) as first:
         process = subprocess.Popen(
-            [sys.executable, "-m", "art_rlvr.run", *eval_args(first, run_dir)],
+            [sys.executable, "-m", "art_rlvr.run", *external_args(first, run_dir, SEED)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
         deadline = time.monotonic() + 600
@@ -247,7 +231,7 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
     left = [k for k in KEYS if (ids[k[0]], k[1]) not in booked]
     assert 3 <= len(booked) < len(KEYS)
     with ScriptedServer(script(left, scenarios)) as second:
-        done = cli(eval_args(second, run_dir), env)
+        done = cli(external_args(second, run_dir, SEED), env)
         asked = [r.body["seed"] for r in second.chat_requests]
     assert done.returncode == 0, done.stderr[-3000:]
     assert asked == [rollout_seed(SEED, ids[i], j) for i, j in left]

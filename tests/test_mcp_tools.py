@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -216,14 +217,14 @@ async def test_a_url_server_that_dies_is_reconnected_once_it_is_back() -> None:
 
 SCENARIO = """\
 name = "mcp_calc"
-system_prompt = "You have a multiply tool. Call it, then reply with only the final number."
-user_template = "What is {{a}} * {{b}}?"
+system_prompt = "You have a multiply tool. Call it to compute, then reply with only the final number."
+user_template = "What is {{a}} * {{b}}? Call multiply, then answer with just the number."
 
 [source]
 type = "arith"
 ops = ["*"]
-mul_max_value = 999
-splits = {{ train = 4, val = 2, test = 2 }}
+mul_max_value = {largest}
+splits = {{ train = 20, val = 4, test = 4 }}
 
 [reward]
 name = "numeric"
@@ -232,18 +233,23 @@ params = {{ answer_field = "answer" }}
 [environment]
 name = "mcp"
 tool_choice = "{tool_choice}"
+tool_timeout_s = 20
 params = {params}
 """
 
 
 def toml_inline(params: dict[str, Any]) -> str:
     """A TOML inline table (JSON's strings, numbers and arrays are TOML's too)."""
-    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items()) + " }"
+    values = (toml_inline(v) if isinstance(v, dict) else json.dumps(v) for v in params.values())
+    return "{ " + ", ".join(f"{k} = {v}" for k, v in zip(params, values, strict=True)) + " }"
 
 
-def scenario_file(tmp_path: Path, params: dict[str, Any], tool_choice: str = "multiply") -> Path:
+def scenario_file(
+    tmp_path: Path, params: dict[str, Any], tool_choice: str = "multiply", largest: int = 999
+) -> Path:
     path = tmp_path / "mcp_calc.toml"
-    path.write_text(SCENARIO.format(params=toml_inline(params), tool_choice=tool_choice))
+    text = SCENARIO.format(params=toml_inline(params), tool_choice=tool_choice, largest=largest)
+    path.write_text(text)
     return path
 
 
@@ -412,3 +418,152 @@ def test_each_event_loop_gets_its_own_connection() -> None:
 
     assert [asyncio.run(product()) for _ in range(2)] == ["12", "12"]
     assert s.counts["starts"] == 2 and s.counts["crashes"] == 0
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "examples" / "mcp"
+
+
+def test_the_docs_example_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/mcp.md shows the example's two files verbatim, and the scenario plays as said."""
+    page = (ROOT / "docs" / "mcp.md").read_text()
+    blocks = re.findall(r"```(python|toml)\n(.*?)```", page, flags=re.S)
+    first = {lang: next(body for kind, body in blocks if kind == lang) for lang, _ in blocks}
+    assert first["python"] == (EXAMPLE / "calc_server.py").read_text()
+    assert first["toml"] == (EXAMPLE / "calc_mcp.toml").read_text()
+    monkeypatch.chdir(ROOT)  # the command's relative path starts at the repository's root
+    task = load_task("docs/examples/mcp/calc_mcp.toml")
+    scenario = task.splits["val"][0]
+    a, b = scenario.x["a"], scenario.x["b"]
+
+    async def play() -> Any:
+        (server,) = servers_of([task.environment])
+        with ScriptedServer(
+            [Step.calls(("multiply", {"a": a, "b": b})), Step.reply(str(a * b))]
+        ) as llm:
+            async with server:
+                return await rollout(scripted_model(llm), scenario)
+
+    t = asyncio.run(play())
+    assert t.reward == 1.0 and t.metrics["tool_calls"] == 1 and t.metrics["tool_errors"] == 0
+    assert f"{a * b}" in [m["content"] for m in t.messages_and_choices if isinstance(m, dict)]
+
+
+def test_cli_eval_of_an_mcp_scenario_closes_its_server_and_exports_tool_turns(
+    tmp_path: Path,
+) -> None:
+    """`mode=eval` through the CLI's main: the server is started with the run and gone after
+    it; the stored episodes (call, tool result, answer) export to a `datasets` folder."""
+    from test_eval_any_model import base_env, cli
+
+    from art_rlvr.export_dataset import main as export_main
+
+    pids = tmp_path / "pids"
+    path = scenario_file(tmp_path, {"command": [*STDIO], "env": {"MCP_TEST_PID_FILE": str(pids)}})
+    items = load_task(str(path)).splits["val"][:1]  # one episode: the script's order is its own
+    script = [
+        step
+        for s in items
+        for step in (
+            Step.calls(("multiply", {"a": s.x["a"], "b": s.x["b"]})),
+            Step.reply(str(s.x["a"] * s.x["b"])),
+        )
+    ]
+    with ScriptedServer(script) as llm:
+        done = cli(
+            [
+                f"scenario={path}", "mode=eval", "policy.model=openai/scripted",
+                f"policy.api_base={llm.base_url}", "val_limit=1",
+                f"run_dir={tmp_path / 'run'}",
+            ],
+            base_env(),
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["val_accuracy_after"] == 1.0
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 3  # two load-time listings (this test's, the CLI's), the run's
+    assert all(gone_within(pid) for pid in started)
+    out = tmp_path / "dataset"
+    assert export_main([str(tmp_path / "run"), "--out", str(out)]) == 0
+    import datasets
+
+    row = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))["val"][0]
+    assert [m["role"] for m in row["completion"]] == ["assistant", "tool", "assistant"]
+    call_turn, result, answer = row["completion"]
+    assert call_turn["tool_calls"][0]["function"]["name"] == "multiply"
+    assert result["content"] == answer["content"] == str(items[0].x["a"] * items[0].x["b"])
+    assert row["metrics"]["tool_calls"] == 1.0 and row["correct"]
+
+
+def embedded_scenario(tmp_path: Path, **extra: Any) -> Path:
+    """Two-digit products: the embedded model can copy the tool's result."""
+    params = {"command": [*STDIO], "tools": ["multiply"], "max_turns": 2, **extra}
+    return scenario_file(tmp_path, params, largest=99)
+
+
+def served_results(messages: list[Any]) -> list[tuple[dict[str, Any], str]]:
+    """(arguments, tool result) of every call in an episode's stored messages."""
+    calls = {
+        c["id"]: json.loads(c["function"]["arguments"])
+        for m in messages
+        for c in m.get("tool_calls") or []
+    }
+    return [(calls[m["tool_call_id"]], m["content"]) for m in messages if m["role"] == "tool"]
+
+
+@pytest.mark.slow
+async def test_the_embedded_model_runs_an_mcp_episode(make_model, tmp_path: Path) -> None:
+    """TorchBackend's model makes the (grammar-forced) call, the server answers it, the model
+    reads the result and answers: two sampled turns in one trajectory."""
+    task = load_task(str(embedded_scenario(tmp_path)))
+    (server,) = servers_of([task.environment])
+    model = await make_model("mcp")
+    async with server:
+        t = await rollout(model, task.splits["val"][0], sampling=SamplingConfig(max_tokens=48))
+    messages = [
+        m if isinstance(m, dict) else m.message.model_dump() for m in t.messages_and_choices
+    ]
+    ((args, result),) = served_results(messages)
+    assert result == str(args["a"] * args["b"])  # the server's product of what the model sent
+    assert t.metrics["turns"] == 2 and t.metrics["tool_errors"] == 0
+    assert t.tools and t.tools[0]["function"]["name"] == "multiply"
+    assert server.counts == {
+        "calls": 1,
+        "starts": 1,
+        "failed_starts": 0,
+        "crashes": 0,
+        "restarts": 0,
+    }
+
+
+@pytest.mark.slow
+def test_an_rl_run_on_an_mcp_scenario(tmp_path: Path) -> None:
+    """`mode=rl` through the CLI's main with the embedded model: its training batch and its
+    evaluations are MCP episodes, and the server is gone when the run ends."""
+    from test_eval_any_model import base_env, cli
+
+    pids = tmp_path / "pids"
+    path = embedded_scenario(tmp_path, env={"MCP_TEST_PID_FILE": str(pids)})
+    run = tmp_path / "run"
+    done = cli(
+        [
+            f"scenario={path}", "mode=rl", "n_batches=1", "groups_per_batch=1", "group_size=2",
+            "max_tokens=48", "val_limit=1", "eval_test=false", f"run_dir={run}",
+        ],
+        base_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (train,) = [e for e in events if e["event"] == "train"]
+    assert train["tool_calls_per_episode"] == 1.0 and train["tool_errors_per_episode"] == 0.0
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 1]
+    files = sorted((run / "trajectories").glob("*.jsonl"))
+    assert [f.stem.split("_")[0] for f in files] == ["train", "val", "val"]
+    for path in files:
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            for args, result in served_results([*row["messages"], *row.get("tail", [])]):
+                assert result == str(args["a"] * args["b"])
+    assert json.loads((run / "summary.json").read_text())["steps"] == 1
+    assert all(gone_within(int(pid)) for pid in pids.read_text().split())

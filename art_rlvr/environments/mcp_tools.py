@@ -66,8 +66,9 @@ class McpServerCrashed(RuntimeError):
 
 class McpServerSpec(BaseModel):
     """Which server, and the limits it runs under: exactly one of `command` (argv of a stdio
-    server), `module` (the same as `command = [<this Python>, "-m", module]`) or `url` (a
-    streamable-HTTP endpoint on 127.0.0.1 / localhost)."""
+    server; relative paths are relative to `cwd`, by default the directory the run starts in),
+    `module` (the same as `command = ["python", "-m", module]`) or `url` (a streamable-HTTP
+    endpoint on 127.0.0.1 / localhost)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -100,14 +101,19 @@ class McpServerSpec(BaseModel):
 
     @property
     def argv(self) -> list[str]:
+        """The server's command line: `python` (or `python3`) as its first word is the Python
+        running the run, whose packages (`mcp` among them) the server then has too."""
         if self.module is not None:
             return [sys.executable, "-m", self.module]
-        return list(self.command or ())
+        first, *rest = self.command or ("",)
+        return [sys.executable if first in ("python", "python3") else first, *rest]
 
     @property
     def label(self) -> str:
-        """The server as messages name it: its URL or its command line."""
-        return self.url or " ".join(self.argv)
+        """The server as messages name it: its URL or its command line as written."""
+        if self.module is not None:
+            return f"python -m {self.module}"
+        return self.url or " ".join(self.command or ())
 
 
 @dataclass(frozen=True, eq=False)
