@@ -36,6 +36,7 @@ import art
 from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.evaluation import SampledReport, describe, mean_pass_all_k, mean_pass_at_k
+from art_rlvr.observe import tracing
 from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, rollout, rollout_seed
 from art_rlvr.runfiles import (
@@ -214,6 +215,17 @@ class EvalResult(BaseModel):
         return [{**r.row, "sample": r.sample, "seed": r.seed} for r in self.rows]
 
 
+def _inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    plan = inputs.get("plan")
+    where = {"split": plan.split, "step": plan.step, "samples": plan.samples} if plan else {}
+    return {**tracing.evaluate_inputs(inputs), **where}
+
+
+def _output(result: EvalResult) -> dict[str, Any]:
+    return {**tracing.evaluate_output(result.report), "reused": result.reused}
+
+
+@tracing.op("art_rlvr.evaluate", inputs=_inputs, output=_output)
 async def evaluate_resumable(
     model: Any,
     scenarios: Sequence[Scenario],

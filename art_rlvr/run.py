@@ -187,10 +187,15 @@ async def sampled_eval(
         seed=cfg.seed,
         system_prompt=cfg.system_prompt,
     )
+    folder = eval_folder(files.root, "val", step)
+    if not cfg.resume and (folder / "metadata.json").exists():
+        raise ConfigError(
+            f"{folder} already holds an evaluation; pass resume=true or a new run_name"
+        )
     result = await evaluate_resumable(
         model,
         scenarios,
-        folder=eval_folder(files.root, "val", step),
+        folder=folder,
         plan=plan,
         sampling=sampling,
         ks=cfg.pass_ks,

@@ -273,3 +273,16 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
         cache_dir=str(tmp_path / "hf-cache"),
     )
     assert direct["val"]["reward"] == table["reward"]
+
+
+def test_resume_false_refuses_an_evaluation_already_there(tmp_path: Path) -> None:
+    scenarios = val()
+    run_dir = tmp_path / "run"
+    env = base_env(ART_RLVR_TEST_KEY="sk-test-resume")
+    with ScriptedServer(script(KEYS, scenarios)) as server:
+        assert cli(external_args(server, run_dir, SEED), env).returncode == 0
+    with ScriptedServer([]) as server:
+        done = cli([*external_args(server, run_dir, SEED), "resume=false"], env)
+        assert server.chat_requests == []
+    assert done.returncode == 2
+    assert "evals/val_0000 already holds an evaluation; pass resume=true" in done.stderr
