@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -143,13 +144,15 @@ def one_line(error: BaseException) -> str:
 
 
 def stderr_tail(errlog: IO[str] | None) -> str:
-    """The last characters a stdio server wrote to stderr, for a message ('' if none)."""
+    """The end of what a stdio server wrote to stderr, for a message ('' if none). Read
+    with `pread`, which leaves the offset the server shares with us where it is."""
     if errlog is None:
         return ""
     with contextlib.suppress(OSError, ValueError):
-        errlog.flush()
-        errlog.seek(0)
-        text = errlog.read().strip()
+        fd = errlog.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - 4 * STDERR_CHARS)
+        text = os.pread(fd, size - start, start).decode("utf-8", errors="replace").strip()
         return text[-STDERR_CHARS:]
     return ""
 
