@@ -114,11 +114,13 @@ class RunConfig(BaseModel):
         default=1,
         ge=1,
         le=1024,
-        description="mode=eval: samples per item (n of pass@k; n > 1 needs eval_temperature > 0)",
+        description="mode=eval: samples per item (n of pass@k and pass^k; n > 1 needs "
+        "eval_temperature > 0)",
     )
     eval_k: tuple[int, ...] | None = Field(
         default=None,
-        description="mode=eval: the k of pass@k, e.g. 1,2,4 (each <= eval_samples); default 1,n",
+        description="mode=eval: the k of pass@k and pass^k, e.g. 1,2,4 (each <= eval_samples); "
+        "default 1,n",
     )
     # mode=eval on an external model: policy.model=openai/gpt-4o-mini, or policy.model=openai/x
     # policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY

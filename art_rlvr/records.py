@@ -59,6 +59,7 @@ class EvalEvent(_Timed):
     # a sampled evaluation (eval_samples=n): pass@k by k, and which policy it scored
     samples: int = 1
     pass_at: dict[int, float] = Field(default_factory=dict)
+    pass_all: dict[int, float] = Field(default_factory=dict)  # pass^k: all k samples correct
     policy: str | None = None  # an external model's litellm string; None: the run's own model
     completion_tokens: int | None = None
     cost_usd: float | None = None  # litellm's price, where it knows the model's; else None
@@ -234,6 +235,7 @@ class RunSummary(BaseModel):
     policy: str | None = None  # mode=eval of an external model: its litellm string
     eval_samples: int | None = None  # samples per item of a sampled evaluation
     pass_at_k: dict[int, float] | None = None  # k -> val pass@k (unbiased estimator)
+    pass_all_k: dict[int, float] | None = None  # k -> val pass^k (unbiased estimator)
     completion_tokens: int | None = None  # completion tokens an evaluation spent
     cost_usd: float | None = None  # its price from litellm; None where litellm has none
     failed: str | None = None  # why the run stopped, when it failed (e.g. every rollout errored)

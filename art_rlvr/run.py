@@ -33,6 +33,12 @@ from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.config_reference import help_text
 from art_rlvr.ei.config import start_problem as ei_problem
+from art_rlvr.environments.mcp_tools import (
+    McpServerError,
+    close_servers,
+    servers_of,
+    start_servers,
+)
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.gepa.start import start_problem as gepa_problem
 from art_rlvr.llm import key_problem
@@ -142,22 +148,13 @@ def machine_problem(cfg: RunConfig) -> str | None:
 
 async def run_mode(ctx: RunContext) -> dict[str, Any]:
     """Run (or resume) the configured mode in the run folder; the dict goes into summary.json."""
-    from art_rlvr.loops.context import run_eval
     from art_rlvr.loops.rl import run_rl
 
     mode = ctx.config.mode
-    if mode == "eval" and ctx.config.eval_samples > 1:
+    if mode == "eval":
         return await sampled_eval(
             ctx.config, ctx.task, ctx.files, ctx.model, ctx.started, ctx.cpu_started
         )
-    if mode == "eval":
-        step = await ctx.model.get_step()
-        report = await run_eval(ctx, step)
-        return {
-            "val_accuracy_before": report.accuracy,
-            "val_accuracy_after": report.accuracy,
-            "steps": step,
-        }
     if mode in ("gepa_rl", "gepa_rl_ei") or (mode == "rl" and ctx.config.enable_expert_iteration):
         from art_rlvr.loops.schedule import run_schedule
 
@@ -185,7 +182,9 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
     backend = None
+    servers = servers_of(t.environment for t in task.tasks)  # MCP tool servers: one per run
     try:
+        await start_servers(servers)
         if cfg.policy.model is not None:  # an external model: no backend, no embedded model
             from art_rlvr.policy import external_model
 
@@ -210,6 +209,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
         write_summary(files, cfg, task, {"failed": str(error)}, started, prior)
         raise
     finally:
+        await close_servers(servers)
         if backend is not None:
             await backend.close()
         if tracing:
@@ -225,41 +225,65 @@ async def sampled_eval(
     started: float,
     cpu_started: float,
 ) -> dict[str, Any]:
-    """mode=eval with `eval_samples` per val item and pass@k, of the run's own model or an
-    external policy (`policy.model`); logged to metrics.jsonl and trajectories/val_<step>."""
-    from art_rlvr.evaluation import evaluate_samples
+    """mode=eval: `eval_samples` rollouts per val item (greedy by default), pass@k and pass^k,
+    of the run's own model or an external policy (`policy.model`), resumable from
+    evals/val_<step>/ (art_rlvr.eval_run); logged to metrics.jsonl and trajectories/val_<step>."""
+    from art_rlvr.eval_run import eval_folder, evaluate_resumable, plan_for
     from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
-    from art_rlvr.policy import spent
     from art_rlvr.rollouts import SamplingConfig
 
     scenarios = task.held_out("val", cfg.val_limit)
     external = cfg.policy.model is not None
     step = 0 if external else await model.get_step()
-    report = await evaluate_samples(
-        model,
-        scenarios,
+    sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature)
+    plan = plan_for(
+        split="val",
+        step=step,
+        policy=cfg.policy.model or model.get_inference_name(step),
+        scenario=task.name,
+        files=[t.path for t in task.tasks],
+        scenarios=scenarios,
         samples=cfg.eval_samples,
-        ks=cfg.pass_ks,
-        sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
+        sampling=sampling,
         seed=cfg.seed,
         system_prompt=cfg.system_prompt,
-        max_in_flight=cfg.policy.max_in_flight,
     )
-    usage = spent(model)
-    cost = usage.cost_usd if usage is not None else None
+    folder = eval_folder(files.root, "val", step)
+    if not cfg.resume and (folder / "metadata.json").exists():
+        raise ConfigError(
+            f"{folder} already holds an evaluation; pass resume=true or a new run_name"
+        )
+    result = await evaluate_resumable(
+        model,
+        scenarios,
+        folder=folder,
+        plan=plan,
+        sampling=sampling,
+        ks=cfg.pass_ks,
+        system_prompt=cfg.system_prompt,
+        max_in_flight=cfg.policy.max_in_flight,
+        spent=lambda: policy_spent(model),
+        about={"model": model_about(cfg, model, step), "versions": _versions()},
+    )
+    report, cost = result.report, result.metadata["cost_usd"]
     event = eval_event(
         report,
         step,
         scenarios=by_scenario(scenarios, report.groups, report.samples),
         policy=cfg.policy.model,
         cost_usd=cost,
+        pass_all=report.pass_all,
         wall_seconds=time.monotonic() - started,
         cpu_seconds=cpu_seconds() - cpu_started,
     )
     line = f"{report.line()}{scenario_line(event.by_scenario)}"
-    log.info("%s %s, cost %s", cfg.policy.label, line, _usd(cost) or "unknown")
+    reused = f" ({result.reused} rollouts from an earlier session)" if result.reused else ""
+    if external:
+        log.info("%s %s, cost %s%s", cfg.policy.label, line, _usd(cost) or "unknown", reused)
+    else:
+        log.info("step %d %s%s", step, line, reused)
     files.append_event(event)
-    files.write_trajectories(f"val_{step:04d}", report.groups)
+    files.write_rows(f"val_{step:04d}", result.trajectory_rows())
     if not external:  # ART's history lives with the run's own (trainable) model
         await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
     return {
@@ -270,6 +294,7 @@ async def sampled_eval(
         "policy": cfg.policy.model,
         "eval_samples": report.samples,
         "pass_at_k": report.pass_at,
+        "pass_all_k": report.pass_all,
         "completion_tokens": report.completion_tokens,
         "cost_usd": cost,
     }
@@ -285,6 +310,22 @@ async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
             raise
         first = next((line for line in str(error).splitlines() if line.strip()), repr(error))
         raise ConfigError(f"base_model={cfg.base_model}: {first}") from None
+
+
+def policy_spent(model: Any) -> Any:
+    """An external litellm policy's running spending, as the evaluation journals it."""
+    from art_rlvr.eval_run import Spent
+    from art_rlvr.policy import spent
+
+    usage = spent(model)
+    return None if usage is None else Spent.model_validate(usage, from_attributes=True)
+
+
+def model_about(cfg: RunConfig, model: Any, step: int) -> dict[str, Any]:
+    """Which model an evaluation scored, for its metadata (no key, only where it is served)."""
+    if cfg.policy.model is not None:
+        return {"policy": cfg.policy.model, "api_base": cfg.policy.api_base}
+    return {"name": model.name, "base_model": cfg.base_model, "step": step, "backend": cfg.backend}
 
 
 def _usd(cost: float | None) -> str | None:
@@ -372,6 +413,12 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
             if s.pass_at_k
             else None,
         ),
+        (
+            "pass^k",
+            ", ".join(f"pass^{k} {v:.3f}" for k, v in sorted(s.pass_all_k.items()))
+            if s.pass_all_k and s.eval_samples and s.eval_samples > 1
+            else None,
+        ),
         ("val acc", _val_line(s.mode, before, after)),
         *scenario_rows(s),
         ("test acc", f"{test:.3f}" if test is not None else None),
@@ -456,6 +503,7 @@ USER_ERRORS = (
     ScenarioFileError,
     StateFileError,
     BackendUnavailable,
+    McpServerError,
 )
 HELP_WORDS = {"--help", "-h", "help"}
 RESUME_LINE = "interrupted; re-run the same command to resume"
