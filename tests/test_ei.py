@@ -555,7 +555,8 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
         again = await run_ei(ctx2, cfg2.ei)
         assert silent.chat_requests == []
     assert again["steps"] == step + 1 and again["rounds"] == 1
-    assert [m["round"] for m in ctx.files.metrics() if m["event"] == "ei_round"] == [0, 0]
+    # round 0 is one record however often a resume redoes its bookkeeping
+    assert [m["round"] for m in ctx.files.metrics() if m["event"] == "ei_round"] == [0]
     assert not (tmp_path / "trajectories" / "train_0001.jsonl").exists()
 
     # killed after training, before the bookkeeping: resume only records the round
