@@ -22,6 +22,7 @@ from typing import Any
 import art
 import torch
 from art.adapter_leases import pin_inference_target, pinned_inference_name, pinned_inference_step
+from art.serving_capabilities import ServingCapabilities
 
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend import checkpoints as ckpt
@@ -43,6 +44,11 @@ from art_rlvr.core import Loss
 __all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
+
+
+SERVING = ServingCapabilities(
+    runtime="openai_compatible", protocol_version=0, policy_token_spans=True
+)
 
 
 class TorchBackend:
@@ -133,6 +139,9 @@ class TorchBackend:
                 )
             )
             log.info("TorchBackend serving on %s", self._server.base_url)
+        # as ART's LocalBackend does: its client then asks for, and checks, the policy spans
+        # the server attaches to every choice (PipelineTrainer's evaluation requires them)
+        object.__setattr__(model, "_serving_capabilities", SERVING)
         return self._server.base_url, self._api_key
 
     def _model_inference_name(self, model: art.Model, step: int | None = None) -> str:
@@ -383,13 +392,20 @@ class TorchBackend:
                 trainee.tokenizer,
                 lambda: self._step_adapter(trainee, step),
                 trainee.served,
+                policy=f"{model_name}@{step}",
             )
         if name in self._bases:
-            return self._route(self._bases[name], self._bases[name].tokenizer, lambda: None)
+            base = self._bases[name]  # the weights every trainee starts from: policy 0
+            return self._route(base, base.tokenizer, lambda: None, policy=f"{name}@0")
         raise ModelNotFound(f"model {name!r} is not served here; available: {self._served_names()}")
 
     def _route(
-        self, base: _Base, tokenizer: Any, adapter_for: Any, served: ServedLog | None = None
+        self,
+        base: _Base,
+        tokenizer: Any,
+        adapter_for: Any,
+        served: ServedLog | None = None,
+        policy: str | None = None,
     ) -> Route:
         engine = base.engine
         assert engine is not None
@@ -413,4 +429,5 @@ class TorchBackend:
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             decode_token=lambda t: tokenizer.decode([t]),
             served=served,
+            policy=policy,
         )
