@@ -15,12 +15,13 @@ tinker runs keep their weights on the provider's side, which the error says.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
@@ -354,21 +355,29 @@ def export(
         "lora": {k: adapter.get(k) for k in ("r", "lora_alpha", "target_modules")},
         "versions": {p: _package_version(p) for p in ("art-rlvr", "transformers", "peft", "torch")},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         _portable(tmp)
         _readable(tmp)
+    return manifest
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A folder next to `out` to write into; renamed to `out` (replacing it) when the block
+    ends well, removed when it fails, so a failed export leaves no half folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return manifest
 
 
 # ---------------------------------------------------------------------------- command line

@@ -10,9 +10,24 @@ training metrics (`train/loss`, ...) allow extras: ART backends report what they
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "illegal_actions", "turn_cap_hit")
+
+
+def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Means over episodes of the multi-turn counts (`turns_per_episode`, ...), each over the
+    episodes that report it: none for single-turn rollouts, whose records stay as they were."""
+    rows = list(metrics)
+    found = {
+        key: [float(v) for m in rows if isinstance(v := m.get(key), int | float)]
+        for key in EPISODE_COUNTS
+    }
+    return {f"{key}_per_episode": statistics.fmean(v) for key, v in found.items() if v}
 
 
 class _Event(BaseModel):
@@ -44,6 +59,7 @@ class EvalEvent(_Timed):
     # a sampled evaluation (eval_samples=n): pass@k by k, and which policy it scored
     samples: int = 1
     pass_at: dict[int, float] = Field(default_factory=dict)
+    pass_all: dict[int, float] = Field(default_factory=dict)  # pass^k: all k samples correct
     policy: str | None = None  # an external model's litellm string; None: the run's own model
     completion_tokens: int | None = None
     cost_usd: float | None = None  # litellm's price, where it knows the model's; else None
@@ -219,6 +235,7 @@ class RunSummary(BaseModel):
     policy: str | None = None  # mode=eval of an external model: its litellm string
     eval_samples: int | None = None  # samples per item of a sampled evaluation
     pass_at_k: dict[int, float] | None = None  # k -> val pass@k (unbiased estimator)
+    pass_all_k: dict[int, float] | None = None  # k -> val pass^k (unbiased estimator)
     completion_tokens: int | None = None  # completion tokens an evaluation spent
     cost_usd: float | None = None  # its price from litellm; None where litellm has none
     failed: str | None = None  # why the run stopped, when it failed (e.g. every rollout errored)

@@ -109,6 +109,30 @@ def _line_key(line: dict[str, Any]) -> tuple[Any, ...] | None:
 LEDGER = "art_history.json"  # which ART history records are written (and where one began)
 
 
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line, flushed and fsynced: a crash keeps every line that was written whole."""
+    with path.open("a") as handle:
+        handle.write(json.dumps(record, sort_keys=True, default=float) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSONL file; a line a crash cut short (or anything not an object) is
+    skipped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            rows.append(value)
+    return rows
+
+
 class RunFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -210,29 +234,19 @@ class RunFiles:
         if not self._tail_checked:
             drop_torn_tail(self.root / "metrics.jsonl")
             self._tail_checked = True
-        with (self.root / "metrics.jsonl").open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True, default=float) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_jsonl(self.root / "metrics.jsonl", record)
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = self.root / "metrics.jsonl"
-        if not path.exists():
-            return []
-        lines = path.read_text().splitlines()
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash mid-write
-        return out
+        return read_jsonl(self.root / "metrics.jsonl")
 
     def write_trajectories(self, name: str, groups: list[art.TrajectoryGroup]) -> Path:
+        return self.write_rows(name, [trajectory_row(t) for g in groups for t in g.trajectories])
+
+    def write_rows(self, name: str, rows: list[dict[str, Any]]) -> Path:
+        """trajectories/<name>.jsonl, replaced whole (rows as `trajectory_row` makes them)."""
         folder = self.root / "trajectories"
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.jsonl"
-        rows = [trajectory_row(t) for g in groups for t in g.trajectories]
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
         tmp.replace(path)

@@ -5,7 +5,9 @@ A function's signature becomes one pydantic model (`pydantic.create_model`), whi
 the JSON schema the model sees and the validator its arguments go through, so the two cannot
 disagree; parameter descriptions come from the docstring's Args section (`docstring_parser`:
 Google, NumPy, reST and Epydoc styles). Types are whatever pydantic understands: Optional,
-Literal, enums, lists, nested pydantic models, TypedDicts.
+Literal, enums, lists, nested pydantic models, TypedDicts. A callable that declares its own
+JSON schema (`DeclaredTool`: an MCP server's tool) is shown that schema and gets the model's
+JSON object as keyword arguments; checking them is its own job (an MCP server validates them).
 
 `call_tool` never raises for the model's or the tool's faults: bad JSON, arguments that do not
 validate, an unknown name, a tool that raises or outlives its timeout all become a
@@ -28,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -40,6 +42,24 @@ DEFAULT_MAX_CHARS = 4000
 
 ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool"]
 ToolChoice = Literal["none", "auto", "required"] | str | dict[str, Any]
+
+
+@runtime_checkable
+class DeclaredTool(Protocol):
+    """A callable that brings its own name, description and JSON schema (an MCP server's tool,
+    `art_rlvr.environments.mcp_tools.McpTool`), called with the model's arguments as keywords."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    def __call__(self, **arguments: Any) -> Any: ...
+
+
+class _AnyObject(BaseModel):
+    """The arguments model of a `DeclaredTool`: any JSON object (its owner checks it)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class Tool(BaseModel):
@@ -58,12 +78,17 @@ class Tool(BaseModel):
     positional: tuple[str, ...] = ()  # positional-only parameters, in order
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
     max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1)
+    input_schema: dict[str, Any] | None = None  # declared by the tool itself (`DeclaredTool`)
 
     @property
     def parameters(self) -> dict[str, Any]:
         """The JSON schema of the arguments, without pydantic's generated titles (noise to a
         model reading the prompt)."""
-        schema = self.arguments.model_json_schema(by_alias=True)
+        schema = (
+            json.loads(json.dumps(self.input_schema))
+            if self.input_schema is not None
+            else self.arguments.model_json_schema(by_alias=True)
+        )
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)
@@ -87,7 +112,18 @@ def tool(
     max_chars: int = DEFAULT_MAX_CHARS,
 ) -> Tool:
     """A `Tool` from a plain function (sync or async); `name` and `description` default to the
-    function's name and its docstring without the Args/Returns sections."""
+    function's name and its docstring without the Args/Returns sections. A `DeclaredTool`
+    keeps its own name, description and schema."""
+    if isinstance(fn, DeclaredTool):
+        return Tool(
+            name=name or fn.name,
+            description=fn.description if description is None else description,
+            fn=fn,
+            arguments=_AnyObject,
+            input_schema=fn.input_schema,
+            timeout_s=timeout_s,
+            max_chars=max_chars,
+        )
     name = name or getattr(fn, "__name__", None)
     if not name:
         raise ValueError(f"{fn!r} has no __name__; pass name=...")
@@ -197,6 +233,8 @@ class ArgumentError(ValueError):
 def bind_arguments(tool: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
     """Positional and keyword arguments for `tool` from the model's JSON string (an empty
     string is no arguments); raises `ArgumentError` with a message meant for the model."""
+    if tool.input_schema is not None:
+        return [], declared_arguments(tool, raw)
     try:
         validated = tool.arguments.model_validate_json(raw.strip() or "{}")
     except ValidationError as error:
@@ -220,6 +258,20 @@ def bind_arguments(tool: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
     }
     args = [values.pop(name) for name in tool.positional]
     return args, values
+
+
+def declared_arguments(tool: Tool, raw: str) -> dict[str, Any]:
+    """A `DeclaredTool`'s keyword arguments: the model's JSON object as it is."""
+    try:
+        value = json.loads(raw.strip() or "{}")
+    except json.JSONDecodeError as error:
+        raise ArgumentError(
+            f"arguments for {tool.name} are not valid JSON ({error.msg}); "
+            "send a JSON object matching its parameters"
+        ) from None
+    if not isinstance(value, dict):
+        raise ArgumentError(f"arguments for {tool.name} must be a JSON object")
+    return value
 
 
 def _in_thread(call: Callable[[], Any], label: str) -> asyncio.Future[Any]:
@@ -381,6 +433,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "ArgumentError",
     "CallbackError",
+    "DeclaredTool",
     "Tool",
     "ToolCallResult",
     "ToolChoice",
@@ -389,6 +442,7 @@ __all__ = [
     "bind_arguments",
     "call_tool",
     "cap",
+    "declared_arguments",
     "guarded",
     "off_loop",
     "render",

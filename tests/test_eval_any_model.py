@@ -125,6 +125,23 @@ SEED0_PASS = {1: 0.25, 2: 4 / 9, 4: 2 / 3}
 SEED1 = [[True] * 4, [False, False, False, True], [False] * 4]
 
 
+def external_args(server: ScriptedServer, run_dir: Path, seed: int) -> list[str]:
+    """`mode=eval` of the scripted model: N samples of ITEMS items, one request at a time."""
+    return [
+        "mode=eval",
+        "policy.model=openai/scripted",
+        f"policy.api_base={server.base_url}",
+        "policy.api_key_env=ART_RLVR_TEST_KEY",
+        "policy.max_in_flight=1",
+        f"eval_samples={N}",
+        "eval_temperature=1.0",
+        "eval_k=1,2,4",
+        f"val_limit={ITEMS}",
+        f"seed={seed}",
+        f"run_dir={run_dir}",
+    ]
+
+
 def external_run(
     root: Path, seed: int, correct: list[list[bool]], *, own_process: bool = False
 ) -> Run:
@@ -133,19 +150,7 @@ def external_run(
     with ScriptedServer(script(seed, correct)) as server:
         path = root / f"external-s{seed}"
         done = cli(
-            [
-                "mode=eval",
-                "policy.model=openai/scripted",
-                f"policy.api_base={server.base_url}",
-                "policy.api_key_env=ART_RLVR_TEST_KEY",
-                "policy.max_in_flight=1",
-                f"eval_samples={N}",
-                "eval_temperature=1.0",
-                "eval_k=1,2,4",
-                f"val_limit={ITEMS}",
-                f"seed={seed}",
-                f"run_dir={path}",
-            ],
+            external_args(server, path, seed),
             base_env(ART_RLVR_TEST_KEY=KEY),
             own_process=own_process,
         )

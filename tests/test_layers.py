@@ -16,15 +16,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "art_rlvr"
 
 # Top to bottom. The first component of a module's name under art_rlvr picks its layer.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("entry points", {"run", "compare", "report", "export", "serve", "__main__"}),
+    ("entry points", {"run", "compare", "report", "export", "export_dataset", "serve", "__main__"}),
     ("config and loops", {"config", "config_keys", "config_reference", "loops"}),
     ("extensions", {"gepa", "ei"}),
-    ("rollouts", {"evaluation", "rollouts", "episodes", "tools", "sampling", "policy"}),
+    ("rollouts", {"evaluation", "eval_run", "rollouts", "episodes", "tools", "sampling", "policy"}),
     ("tasks", {"scenario", "mixture", "rewards", "sources", "leakage", "environments"}),
     ("backend", {"backend"}),
     ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),
-    ("leaves", {"records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
+    ("leaves", {"core", "records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
 ]
 
 

@@ -48,6 +48,7 @@ from art_rlvr.backend.decode_batch import (
 from art_rlvr.backend.engine_types import (
     Completion,
     ContextLengthError,
+    EngineClosed,
     EngineStats,
     SamplingParams,
     TokenEvent,
@@ -60,6 +61,7 @@ from art_rlvr.backend.threads import ThreadTuner, set_threads, usable_cores
 __all__ = [
     "Completion",
     "ContextLengthError",
+    "EngineClosed",
     "GenerationEngine",
     "SamplingParams",
     "TokenEvent",
@@ -111,6 +113,7 @@ class GenerationEngine:
         self._queue: queue.Queue[Request | None] = queue.Queue()
         self._pending: list[Request] = []
         self._draining = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._worker, name="art-rlvr-engine", daemon=True)
         self._thread.start()
 
@@ -171,6 +174,8 @@ class GenerationEngine:
         done: Callable[[list[Completion] | BaseException], None],
         on_token: Callable[[TokenEvent], None] | None,
     ) -> Request:
+        if self._closed:  # nothing would take it off the queue
+            raise EngineClosed("engine closed")
         if not prompt_ids:
             raise ValueError("empty prompt")
         if len(prompt_ids) + params.max_tokens > self.max_context:
@@ -188,6 +193,7 @@ class GenerationEngine:
         return request
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=30)
 
@@ -217,7 +223,7 @@ class GenerationEngine:
                     self._pending.append(item)
                     self._coalesce()
                 elif not self._drain_queue():
-                    self._fail(batch, RuntimeError("engine closed"))
+                    self._fail(batch, EngineClosed("engine closed"))
                     return
                 if batch is None:
                     batch = self._open(self._pending[0].adapter)
@@ -278,7 +284,7 @@ class GenerationEngine:
         requests = {id(r.request): r.request for r in batch.rows} if batch else {}
         if batch is not None:
             batch.stack.close()
-        if isinstance(error, RuntimeError) and str(error) == "engine closed":
+        if isinstance(error, EngineClosed):
             requests |= {id(r): r for r in self._pending}
             self._pending.clear()
         for request in requests.values():

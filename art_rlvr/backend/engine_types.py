@@ -60,6 +60,11 @@ class ContextLengthError(ValueError):
     """The request cannot fit in the model's context window."""
 
 
+class EngineClosed(RuntimeError):
+    """The engine has stopped (its backend is closing): a request still waiting, or one that
+    arrives now, fails with this; the server answers it with a 503, not a traceback."""
+
+
 def eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:
     ids: set[int] = set()
     config = getattr(model, "generation_config", None)

@@ -42,7 +42,13 @@ from pydantic import ValidationError
 
 from art_rlvr.backend.chat import parse_tool_calls, scan
 from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
-from art_rlvr.backend.engine import Completion, ContextLengthError, SamplingParams, TokenEvent
+from art_rlvr.backend.engine import (
+    Completion,
+    ContextLengthError,
+    EngineClosed,
+    SamplingParams,
+    TokenEvent,
+)
 from art_rlvr.backend.served import ServedLog
 
 
@@ -60,6 +66,23 @@ class Route:
     decode: Callable[[list[int]], str]
     decode_token: Callable[[int], str]
     served: ServedLog | None = None  # where what this route returns is recorded
+    policy: str | None = None  # "name@step" of the exact adapter serving (None: a base model)
+
+
+def policy_spans(policy: str | None, prompt_len: int, completion_len: int) -> dict[str, Any]:
+    """ART's per-choice policy provenance (`policy_token_spans`, `prompt_policy_token_spans`):
+    every token of a completion comes from one immutable step adapter, so one span covers it.
+    ART's PipelineTrainer refuses an evaluation whose Choices lack them."""
+    if policy is None or completion_len <= 0:
+        return {}
+    step = int(policy.rpartition("@")[2])
+    span = {"generation_id": policy, "policy_version": step, "lora_slot": policy}
+    span |= {"update_seq": step}
+    prompt = [{"start_token": 1, "end_token": prompt_len, **span}] if prompt_len > 1 else []
+    return {
+        "prompt_policy_token_spans": prompt,
+        "policy_token_spans": [{"start_token": 0, "end_token": completion_len, **span}],
+    }
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -127,6 +150,8 @@ def build_app(
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
+        except EngineClosed:  # the backend is closing (a run's Ctrl-C): an answer, no traceback
+            return _error(503, "the server is shutting down", "server_error")
         except (ValueError, TypeError, KeyError, jinja2.TemplateError) as error:
             return _error(400, f"bad request: {error}")  # the model's template may raise too
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -137,9 +162,7 @@ def build_app(
                 headers={"Cache-Control": "no-cache"},
             )
         _record(route, req, response_id, prompt_ids, completions)
-        return JSONResponse(
-            _response(req, response_id, prompt_ids, completions, route.decode_token)
-        )
+        return JSONResponse(_response(req, response_id, prompt_ids, completions, route))
 
     return app
 
@@ -240,8 +263,9 @@ def _response(
     response_id: str,
     prompt_ids: list[int],
     completions: list[Completion],
-    decode_token: Callable[[int], str],
+    route: Route,
 ) -> dict[str, Any]:
+    decode_token = route.decode_token
     choices = []
     for index, c in enumerate(completions):
         message, finish_reason = _message(req, c)
@@ -255,6 +279,7 @@ def _response(
         }
         if req.return_token_ids:
             choice["token_ids"] = c.token_ids
+            choice |= policy_spans(route.policy, len(prompt_ids), len(c.token_ids))
         choices.append(choice)
     payload: dict[str, Any] = {
         "id": response_id,
@@ -341,7 +366,11 @@ async def _sse(
                     for delta in streams[index].deltas(completion.text, final=True):
                         yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
                     _, finish_reason = _message(req, completion)
-                    yield chunk([{"index": index, "delta": {}, "finish_reason": finish_reason}])
+                    last = {"index": index, "delta": {}, "finish_reason": finish_reason}
+                    if req.return_token_ids:  # provenance of every token sent, at the end
+                        sent = len(streams[index].tokens)
+                        last |= policy_spans(route.policy, len(prompt_ids), sent)
+                    yield chunk([last])
                 if req.stream_options is not None and req.stream_options.include_usage:
                     yield chunk([], usage=_usage(prompt_ids, item))
                 _record(route, req, response_id, prompt_ids, item)

@@ -17,11 +17,12 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import art
 import torch
 from art.adapter_leases import pin_inference_target, pinned_inference_name, pinned_inference_step
+from art.serving_capabilities import ServingCapabilities
 
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend import checkpoints as ckpt
@@ -38,10 +39,16 @@ from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
 from art_rlvr.backend.threads import in_threads, usable_cores
+from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
+
+
+SERVING = ServingCapabilities(
+    runtime="openai_compatible", protocol_version=0, policy_token_spans=True
+)
 
 
 class TorchBackend:
@@ -132,6 +139,9 @@ class TorchBackend:
                 )
             )
             log.info("TorchBackend serving on %s", self._server.base_url)
+        # as ART's LocalBackend does: its client then asks for, and checks, the policy spans
+        # the server attaches to every choice (PipelineTrainer's evaluation requires them)
+        object.__setattr__(model, "_serving_capabilities", SERVING)
         return self._server.base_url, self._api_key
 
     def _model_inference_name(self, model: art.Model, step: int | None = None) -> str:
@@ -173,13 +183,15 @@ class TorchBackend:
                 yield
 
     async def close(self) -> None:
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
+        # engines first: requests still generating fail at once (the server answers them 503),
+        # so the server's shutdown has nothing to wait for (a run's Ctrl-C stops in seconds)
         for base in self._bases.values():
             if base.engine is not None:
                 await asyncio.to_thread(base.engine.close)
                 base.engine = None
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
 
     async def __aenter__(self) -> TorchBackend:
         return self
@@ -194,7 +206,7 @@ class TorchBackend:
         trajectory_groups: Iterable[art.TrajectoryGroup],
         *,
         learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        loss_fn: Loss = "cispo",
         loss_fn_config: dict | None = None,
         kl_penalty_coef: float = 0.0,
         epsilon: float | None = None,
@@ -380,13 +392,20 @@ class TorchBackend:
                 trainee.tokenizer,
                 lambda: self._step_adapter(trainee, step),
                 trainee.served,
+                policy=f"{model_name}@{step}",
             )
         if name in self._bases:
-            return self._route(self._bases[name], self._bases[name].tokenizer, lambda: None)
+            base = self._bases[name]  # the weights every trainee starts from: policy 0
+            return self._route(base, base.tokenizer, lambda: None, policy=f"{name}@0")
         raise ModelNotFound(f"model {name!r} is not served here; available: {self._served_names()}")
 
     def _route(
-        self, base: _Base, tokenizer: Any, adapter_for: Any, served: ServedLog | None = None
+        self,
+        base: _Base,
+        tokenizer: Any,
+        adapter_for: Any,
+        served: ServedLog | None = None,
+        policy: str | None = None,
     ) -> Route:
         engine = base.engine
         assert engine is not None
@@ -410,4 +429,5 @@ class TorchBackend:
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             decode_token=lambda t: tokenizer.decode([t]),
             served=served,
+            policy=policy,
         )

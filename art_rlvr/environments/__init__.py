@@ -3,7 +3,14 @@
 from collections.abc import Mapping
 from typing import Any
 
-from art_rlvr.environments import arith_retry, calc, humaneval_repair, qa_search, tictactoe
+from art_rlvr.environments import (
+    arith_retry,
+    calc,
+    humaneval_repair,
+    mcp_tools,
+    qa_search,
+    tictactoe,
+)
 from art_rlvr.environments.base import (
     Environment,
     EnvironmentConfigError,
@@ -17,6 +24,7 @@ ENVIRONMENTS: dict[str, EnvironmentFactory] = {
     "arith_retry": arith_retry.environment,
     "calc": calc.environment,
     "humaneval_repair": humaneval_repair.environment,
+    "mcp": mcp_tools.environment,
     "qa_search": qa_search.environment,
     "tictactoe": tictactoe.environment,
 }

@@ -1,0 +1,230 @@
+"""`python -m art_rlvr.export_dataset runs/<run> --out <dir>`: a run's stored rollouts as a
+Hugging Face `datasets` folder.
+
+A run keeps its rollouts in `trajectories/*.jsonl` (every evaluation, and the batches RL trained
+on). This writes them as Parquet under `data/`, one split per kind of file (`train`, `val`,
+`test`; any other file goes to `other`), with a `README.md` whose `configs` block names the
+splits, so `datasets.load_dataset("<dir>")` loads it with no code of ours (and
+`load_dataset("parquet", data_files=...)` reads any one file). Written next to `--out` and
+renamed into place, so a failed export leaves no half folder; pyarrow writes it, `datasets` is
+needed only to read it.
+
+One row per rollout, in the conversational shape TRL and vf-eval use: `prompt` (the messages
+before the first sampled turn) and `completion` (every message after it: assistant turns with
+their tool calls, tool results, the environment's messages), then `reward`, `correct`,
+`feedback`, `metrics` (every metric seen, a missing one null), `logs`, and where the row came
+from: `source` (the file, e.g. `val_0000`), `step`, `example_id`, `sample` and `seed` (for
+`mode=eval`'s samples), `prompt_hash`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from art_rlvr.export import ExportError, check_out_dir, staged
+from art_rlvr.runfiles import read_jsonl
+
+KINDS = ("train", "val", "test")
+FILE = re.compile(r"^(?P<kind>[a-z]+)_(?P<step>\d+)")
+
+
+def message_type() -> Any:
+    import pyarrow as pa
+
+    function = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+    call = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", function)])
+    return pa.struct(
+        [
+            ("role", pa.string()),
+            ("content", pa.string()),
+            ("tool_calls", pa.list_(call)),
+            ("tool_call_id", pa.string()),
+            ("name", pa.string()),
+        ]
+    )
+
+
+def schema(metric_names: Sequence[str]) -> Any:
+    import pyarrow as pa
+
+    message = pa.list_(message_type())
+    return pa.schema(
+        [
+            ("source", pa.string()),
+            ("step", pa.int64()),
+            ("example_id", pa.string()),
+            ("sample", pa.int64()),
+            ("seed", pa.int64()),
+            ("prompt", message),
+            ("completion", message),
+            ("reward", pa.float64()),
+            ("correct", pa.bool_()),
+            ("feedback", pa.string()),
+            ("metrics", pa.struct([(name, pa.float64()) for name in metric_names])),
+            ("logs", pa.list_(pa.string())),
+            ("prompt_hash", pa.string()),
+        ]
+    )
+
+
+def text(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
+def message(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored message in the export's one message shape (content as text)."""
+    calls = [
+        {
+            "id": c.get("id"),
+            "type": c.get("type", "function"),
+            "function": {
+                "name": (c.get("function") or {}).get("name"),
+                "arguments": text((c.get("function") or {}).get("arguments")),
+            },
+        }
+        for c in raw.get("tool_calls") or []
+    ]
+    return {
+        "role": raw.get("role"),
+        "content": text(raw.get("content")),
+        "tool_calls": calls or None,
+        "tool_call_id": raw.get("tool_call_id"),
+        "name": raw.get("name"),
+    }
+
+
+def episode(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every message of a stored rollout, in order (`runfiles.trajectory_row`'s layout)."""
+    last = (
+        []
+        if row.get("completion") is None
+        else [{"role": "assistant", "content": row["completion"]}]
+    )
+    return [*(row.get("messages") or []), *(row.get("tail") or last)]
+
+
+def dataset_row(row: dict[str, Any], source: str, step: int | None) -> dict[str, Any]:
+    messages = [message(m) for m in episode(row)]
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    metrics = row.get("metrics") or {}
+    return {
+        "source": source,
+        "step": step,
+        "example_id": row.get("scenario_id"),
+        "sample": row.get("sample"),
+        "seed": row.get("seed"),
+        "prompt": messages[:first],
+        "completion": messages[first:],
+        "reward": row.get("reward"),
+        "correct": row.get("correct"),
+        "feedback": row.get("feedback"),
+        "metrics": {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        },
+        "logs": list(row.get("logs") or []),
+        "prompt_hash": row.get("prompt_hash"),
+    }
+
+
+def split_of(stem: str) -> tuple[str, int | None]:
+    """`val_0004_rl_r0` -> ("val", 4); a name that is no train/val/test file -> ("other", None)."""
+    match = FILE.match(stem)
+    if match and match["kind"] in KINDS:
+        return match["kind"], int(match["step"])
+    return "other", None
+
+
+def collect(run: Path, only: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The run's stored rollouts by split."""
+    folder = run / "trajectories"
+    if not folder.is_dir():
+        raise ExportError(f"{run} has no trajectories/ folder: is it a run folder?")
+    files = sorted(folder.glob("*.jsonl"))
+    if only:
+        missing = sorted(set(only) - {f.stem for f in files})
+        if missing:
+            raise ExportError(f"{folder} has no {missing}; it has {[f.stem for f in files]}")
+        files = [f for f in files if f.stem in only]
+    splits: dict[str, list[dict[str, Any]]] = {}
+    for path in files:
+        split, step = split_of(path.stem)
+        splits.setdefault(split, []).extend(
+            dataset_row(row, path.stem, step) for row in read_jsonl(path)
+        )
+    if not any(splits.values()):
+        raise ExportError(f"{folder} holds no rollouts")
+    return {k: v for k, v in splits.items() if v}
+
+
+def card(splits: dict[str, list[dict[str, Any]]], run: Path) -> str:
+    """README.md: the `configs` block `datasets` reads, and what the folder is."""
+    files = "\n".join(
+        f"  - split: {name}\n    path: data/{name}-*.parquet" for name in sorted(splits)
+    )
+    counts = ", ".join(f"{name} {len(rows)}" for name, rows in sorted(splits.items()))
+    return (
+        f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}\n---\n\n"
+        f"# Rollouts of `{run.name}`\n\n"
+        f"Exported by `python -m art_rlvr.export_dataset` from `{run}`: {counts} rows.\n"
+        "Columns are described in art_rlvr's `art_rlvr/export_dataset.py`.\n"
+    )
+
+
+def export_rollouts(
+    run: Path, out: Path, *, only: Sequence[str] | None = None, force: bool = False
+) -> dict[str, int]:
+    """Write the folder; returns the rows per split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_out_dir(out, run, force=force)
+    splits = collect(run, only)
+    names = sorted({k for rows in splits.values() for r in rows for k in r["metrics"]})
+    names = names or ["correct"]  # Parquet cannot hold a struct without fields
+    table_schema = schema(names)
+    with staged(out) as tmp:
+        (tmp / "data").mkdir()
+        for name, rows in splits.items():
+            table = pa.Table.from_pylist(rows, schema=table_schema)
+            pq.write_table(table, tmp / "data" / f"{name}-00000-of-00001.parquet")
+        (tmp / "README.md").write_text(card(splits, run))
+    return {name: len(rows) for name, rows in splits.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m art_rlvr.export_dataset",
+        description="Write a run's stored rollouts as a Hugging Face datasets folder.",
+    )
+    parser.add_argument("run", type=Path, help="the run folder, e.g. runs/arith-eval-s0")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+    parser.add_argument(
+        "--only", nargs="+", help="only these trajectories files, e.g. val_0000 (default: all)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        counts = export_rollouts(args.run, args.out, only=args.only, force=args.force)
+    except ExportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    rows = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+    print(f"exported {rows} rollouts to {args.out}")
+    print(f"  load: datasets.load_dataset('{args.out}')")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
