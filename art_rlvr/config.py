@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from art_rlvr.backend.chat_templates import resolve_chat_template
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
-from art_rlvr.backend.selection import BackendName
+from art_rlvr.backends import BackendName
 from art_rlvr.config_keys import (
     ROLES,
     RUN_RENAMED,

@@ -29,7 +29,7 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
 from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
 from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
-from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
+from art_rlvr.backends import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.config_reference import help_text
 from art_rlvr.ei.config import start_problem as ei_problem

@@ -18,16 +18,15 @@ import art
 import pytest
 import torch
 
-from art_rlvr import DEFAULT_BASE_MODEL, load_task
-from art_rlvr.backend import selection
-from art_rlvr.backend.selection import (
+from art_rlvr import DEFAULT_BASE_MODEL, backends, load_task
+from art_rlvr.backend.torch_backend import TorchBackend
+from art_rlvr.backends import (
     BACKENDS,
     BackendUnavailable,
     build_backend,
     check_requirements,
     missing_requirements,
 )
-from art_rlvr.backend.torch_backend import TorchBackend
 from art_rlvr.config import ConfigError, RunConfig, parse_args
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round, distill_round, score_reliance
@@ -98,7 +97,7 @@ def test_serverless_without_key_names_the_variable_and_how_to_set_it(
 def test_tinker_without_key_or_extra_names_each(no_keys: pytest.MonkeyPatch) -> None:
     message = error_line("tinker", HUB_MODEL)
     assert "export TINKER_API_KEY=" in message
-    has_extra = all(selection._has_module(m) for m in ("tinker", "tinker_cookbook"))
+    has_extra = all(backends._has_module(m) for m in ("tinker", "tinker_cookbook"))
     assert ("openpipe-art[tinker]==0.5.23" in message) is not has_extra
     no_keys.setenv("TINKER_API_KEY", "test-key-never-sent")
     left = missing_requirements("tinker", HUB_MODEL)
@@ -110,7 +109,7 @@ def test_local_names_cuda_and_the_gpu_extra_with_the_install_command() -> None:
     message = error_line("local", HUB_MODEL) if missing_requirements("local", HUB_MODEL) else ""
     if not torch.cuda.is_available():
         assert "CUDA" in message and "backend=torch" in message
-    if not selection._has_module("unsloth"):
+    if not backends._has_module("unsloth"):
         assert "unsloth" in message and "'openpipe-art[backend]==0.5.23'" in message
         assert "--torch-backend=cu128" in message
 

@@ -35,7 +35,8 @@ from art_rlvr.gepa import (
 )
 from art_rlvr.gepa.adapter import scenario_eval
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
-from art_rlvr.gepa.proposal import (
+from art_rlvr.gepa.records import HistoryEvent, RejectionKind, RolloutTrace
+from art_rlvr.gepa.reflection import (
     check_proposal,
     episode_text,
     extract_fenced,
@@ -44,7 +45,6 @@ from art_rlvr.gepa.proposal import (
     reflection_messages,
     reflective_records,
 )
-from art_rlvr.gepa.records import HistoryEvent, RejectionKind, RolloutTrace
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
 from art_rlvr.outcome import attach_outcome
 from art_rlvr.rollouts import SamplingConfig

@@ -13,19 +13,19 @@ import pytest
 
 from art_rlvr.gepa import GEPAConfig, optimize_prompt
 from art_rlvr.gepa.adapter import ARTPromptAdapter, scenario_eval
-from art_rlvr.gepa.proposal import reflective_records
 from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
+from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.gepa.transcript import (
+from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.scenario import load_task
+from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.transcript import (
     assemble,
     episode_text,
     failing,
     message_text,
     split_turns,
 )
-from art_rlvr.rollouts import SamplingConfig, rollout
-from art_rlvr.scenario import load_task
-from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-gepa-episodes-0917"
 SEED = "Answer the question."

@@ -21,10 +21,23 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("extensions", {"gepa", "ei"}),
     ("rollouts", {"evaluation", "eval_run", "rollouts", "episodes", "tools", "sampling", "policy"}),
     ("tasks", {"scenario", "mixture", "rewards", "sources", "leakage", "environments"}),
-    ("backend", {"backend"}),
+    ("backend", {"backend", "backends"}),
     ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),
-    ("leaves", {"core", "records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
+    (
+        "leaves",
+        {
+            "core",
+            "records",
+            "runfiles",
+            "text",
+            "transcript",
+            "outcome",
+            "testing",
+            "_lazy",
+            "__init__",
+        },
+    ),
 ]
 
 

@@ -26,9 +26,9 @@ from art_rlvr.ei.relabel import (
     relabel_episode,
     rl_group,
 )
-from art_rlvr.gepa.transcript import episode_text
 from art_rlvr.outcome import is_correct, is_sampled, turns
 from art_rlvr.scenario import Scenario
+from art_rlvr.transcript import episode_text
 
 
 def gold_answer(scenario: Scenario, field: str) -> str:
@@ -49,7 +49,7 @@ ATTEMPT_CHARS = 1500
 def attempt_text(trajectory: art.Trajectory) -> str:
     """An attempt as the teacher reads it: the reply of a single-turn rollout, or every turn
     of an episode after its opening (tool calls and results, the environment's replies),
-    trimmed as GEPA's reflection trims it (art_rlvr.gepa.transcript: the last and the failing
+    trimmed as GEPA's reflection trims it (art_rlvr.transcript: the last and the failing
     turns stay)."""
     items = trajectory.messages_and_choices
     first = next((i for i, item in enumerate(items) if is_sampled(item)), len(items))

@@ -27,8 +27,8 @@ from typing import Any
 import art
 from gepa.core.adapter import EvaluationBatch
 
-from art_rlvr.gepa.proposal import reflective_records
 from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
+from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
 from art_rlvr.outcome import completion_text, is_sampled, outcome_of, turns
 from art_rlvr.rollouts import SamplingConfig, gather_groups

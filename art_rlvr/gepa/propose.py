@@ -14,8 +14,8 @@ from typing import Any
 
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.gepa.proposal import check_proposal, normalize
 from art_rlvr.gepa.records import Candidate, GEPAState, HistoryEvent, Rejection
+from art_rlvr.gepa.reflection import check_proposal, normalize
 from art_rlvr.gepa.store import EvalStore, Journal
 from art_rlvr.llm import LLMClient, LLMCounters, LLMError, LLMReply
 from art_rlvr.scenario import Scenario

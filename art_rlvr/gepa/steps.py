@@ -14,12 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
-from art_rlvr.gepa.proposal import (
-    gold_answers_for_leak_check,
-    merge_messages,
-    reflection_messages,
-    reflective_records,
-)
 from art_rlvr.gepa.propose import Run, propose, stop
 from art_rlvr.gepa.records import (
     Candidate,
@@ -27,6 +21,12 @@ from art_rlvr.gepa.records import (
     Rejection,
     RejectionKind,
     ScenarioEval,
+)
+from art_rlvr.gepa.reflection import (
+    gold_answers_for_leak_check,
+    merge_messages,
+    reflection_messages,
+    reflective_records,
 )
 from art_rlvr.scenario import Scenario, batch_scenarios
 
