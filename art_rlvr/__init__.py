@@ -5,6 +5,7 @@ reject a bad config key before paying that.
 """
 
 import os
+import warnings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 # weave (imported by ART) reports errors and a session to sentry.io at exit unless this is
@@ -20,6 +21,13 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 from art_rlvr._lazy import lazy_exports
 
+# Known third-party warnings we cannot fix, silenced by their exact text (nothing else is):
+# peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates on every access
+# (peft/peft_model.py; a peft release will switch to `is_activation_checkpointing`).
+warnings.filterwarnings(
+    "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+)
+
 _EXPORTS = {
     "DEFAULT_BASE_MODEL": "art_rlvr.backend.model_source",
     "TorchBackend": "art_rlvr.backend.torch_backend",
@@ -31,7 +39,8 @@ _EXPORTS = {
     "parse_args": "art_rlvr.config",
     "EvalReport": "art_rlvr.evaluation",
     "evaluate": "art_rlvr.evaluation",
-    "Score": "art_rlvr.rewards",
+    "Score": "art_rlvr.core",
+    "Reply": "art_rlvr.core",
     "make_reward": "art_rlvr.rewards",
     "SamplingConfig": "art_rlvr.sampling",
     "gather_groups": "art_rlvr.rollouts",

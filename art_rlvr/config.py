@@ -6,7 +6,6 @@ Keys under `source.` patch the scenario's `[source]` table (e.g. `source.max_val
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -25,11 +24,17 @@ from art_rlvr.config_keys import (
     first_error,
     mask_secrets,
 )
+from art_rlvr.core import Loss
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import LLMRole, renamed
 from art_rlvr.mixture import MixtureEntry, parse_mixture
 from art_rlvr.policy import PolicyRole
+from art_rlvr.scenario import builtin_scenarios
+from art_rlvr.text import did_you_mean
+
+# where an error sends a reader for the keys (the list itself is too long for one line)
+KEYS_POINTER = "every key: python -m art_rlvr.run --help, or docs/cli.md"
 
 # One line per mode, for the log and the report's title.
 MODE_TITLES = {
@@ -138,7 +143,7 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Literal["cispo", "ppo"] = Field(default="cispo", description="cispo or ppo")
+    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
     kl_penalty_coef: float = Field(
         default=0.0, ge=0.0, description="KL penalty against the base model"
     )
@@ -172,6 +177,11 @@ class RunConfig(BaseModel):
     weave_project: str | None = Field(
         default=None,
         description="entity/project (or project): trace the run with W&B Weave; default off",
+    )
+    weave_offline: bool = Field(
+        default=False,
+        description="record the Weave traces on disk, with no W&B key or server (needs "
+        "weave_project=entity/project); upload later: python -m art_rlvr.observe.upload",
     )
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
@@ -239,6 +249,15 @@ class RunConfig(BaseModel):
         return (
             [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
         )
+
+    @model_validator(mode="after")
+    def _offline_traces(self) -> RunConfig:
+        if self.weave_offline and (self.weave_project or "").count("/") != 1:
+            raise ValueError(
+                "weave_offline=true needs weave_project=entity/project (the W&B entity the "
+                "traces will be uploaded to)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sampled_eval(self) -> RunConfig:
@@ -319,22 +338,21 @@ def _subconfig_keys() -> dict[str, list[str]]:
 
 
 def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
+    """An unknown key: the closest known one and where the list is, not the list itself."""
     roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
     roles += [f"policy.{f}" for f in PolicyRole.model_fields]
-    role_keys = "|".join(LLMRole.model_fields)
-    close = difflib.get_close_matches(key, [*fields, *owners, *roles], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    extra = "".join(
-        f"; for mode={'|'.join(SUBCONFIG_MODES[name])} also: "
-        + ", ".join(k for k, names in owners.items() if name in names)
-        + "".join(f", {role}.<{role_keys}>" for role, n in ROLES.items() if n == name)
-        for name in SUBCONFIGS
-    )
-    policy = "|".join(PolicyRole.model_fields)
-    return ConfigError(
-        f"unknown key {key!r}{hint}; valid keys: {', '.join(fields)}, source.<field>, "
-        f"policy.<{policy}>{extra}"
-    )
+    roles += [f"{name}.{f}" for name, model in SUBCONFIGS.items() for f in model.model_fields]
+    hint = did_you_mean(key, [*fields, *owners, *roles])
+    return ConfigError(f"unknown key {key!r}{hint}; {KEYS_POINTER}")
+
+
+def _bare_word_hint(word: str) -> str:
+    """A word without `=` that names a scenario or a mode: the key it was meant for."""
+    if word in builtin_scenarios():
+        return f" (did you mean scenario={word}?)"
+    if word in MODE_TITLES:
+        return f" (did you mean mode={word}?)"
+    return f"; {KEYS_POINTER}" if word.startswith("-") else ""
 
 
 def parse_args(argv: list[str]) -> RunConfig:
@@ -353,7 +371,7 @@ def parse_args(argv: list[str]) -> RunConfig:
         given, sep, raw = word.partition("=")
         given = given.strip()
         if not sep or not given:
-            raise ConfigError(f"expected key=value, got {word!r}")
+            raise ConfigError(f"expected key=value, got {word!r}{_bare_word_hint(word)}")
         key = canonical(given)
         if key in seen:
             raise ConfigError(f"key {given!r} given twice")

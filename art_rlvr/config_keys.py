@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from art_rlvr.llm_settings import LLMRole
+from art_rlvr.text import did_you_mean
 
 # a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
 # (the name of an environment variable, which is what a reader needs to see)
@@ -54,13 +55,19 @@ def first_error(error: ValidationError, values: dict[str, Any], prefix: str = ""
     if not first["loc"]:  # a check across keys (model_validator): its message says it all
         return ConfigError(first["msg"].removeprefix("Value error, "))
     key = ".".join(str(p) for p in first["loc"]) or "config"
-    allowed = first.get("ctx", {}).get("expected")
-    extra = f" (expected {allowed})" if allowed else ""
-    given = repr(values.get(str(first["loc"][0])))
-    given = given if len(given) <= 60 else f"{given[:57]}..."  # a template, a long prompt
+    raw = values.get(str(first["loc"][0]))
+    given = repr(raw) if len(repr(raw)) <= 60 else f"{repr(raw)[:57]}..."  # a long prompt
     message = first["msg"].removeprefix("Value error, ")
     if message.startswith(f"{key}:") or message.startswith(f"{key}="):  # it names the key itself
         return ConfigError(message)
+    if first["type"] == "literal_error":  # one of a few names: the closest, then all of them
+        choices = re.findall(r"'([^']*)'", first["ctx"]["expected"])
+        hint = did_you_mean(str(raw), choices)
+        return ConfigError(
+            f"bad value for {prefix}{key!r}: {given}{hint}; one of {', '.join(choices)}"
+        )
+    allowed = first.get("ctx", {}).get("expected")
+    extra = f" (expected {allowed})" if allowed and str(allowed) not in message else ""
     return ConfigError(f"bad value for {prefix}{key!r}: {given}: {message}{extra}")
 
 

@@ -5,10 +5,11 @@ tests/test_docs.py checks the page against it."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 from pydantic import BaseModel
 
-from art_rlvr.config import _INTERNAL, RunConfig
+from art_rlvr.config import _INTERNAL, MODE_TITLES, RunConfig
 from art_rlvr.config_keys import RUN_RENAMED, SUB_RENAMED
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.gepa.config import GEPAConfig
@@ -70,6 +71,90 @@ def reference_markdown() -> str:
         "`teacher_<key>`) still work and warn."
     )
     return "\n\n".join([*parts, notes]) + "\n"
+
+
+# `python -m art_rlvr.run --help`: the keys a newcomer sets first, then each mode's own
+MAIN_KEYS = ("scenario", "mode", "seed", "run_dir", "max_tokens", "val_limit", "eval_test",
+             "base_model", "backend", "weave_project")  # fmt: skip
+RL_KEYS = ("n_batches", "groups_per_batch", "group_size", "learning_rate", "temperature",
+           "loss_fn", "lora_rank", "eval_every", "patience")  # fmt: skip
+MODE_KEYS: dict[str, tuple[str, ...]] = {
+    "eval": ("eval_temperature", "val_limit", "eval_samples", "eval_k", "policy.model",
+             "policy.api_base", "policy.api_key_env"),
+    "rl": (*RL_KEYS, "enable_expert_iteration"),
+    "gepa": ("gepa.*", "reflection.*"),
+    "ei": ("ei.*", "teacher.*"),
+    "gepa_rl": ("rounds", "rl_batches_per_round", "skip_first_gepa", *RL_KEYS[1:5],
+                "max_metric_calls", "reflection.model"),
+    "gepa_rl_ei": ("rounds", "rl_batches_per_round", "skip_first_gepa", *RL_KEYS[1:5],
+                   "max_metric_calls", "reflection.model", "scenarios_per_round", "distill",
+                   "enable_teacher_hints", "teacher.model"),
+}  # fmt: skip
+HELP_FOOTER = (
+    "Every key, its default and meaning: docs/cli.md (or python -m art_rlvr.config_reference).\n"
+    "A bad key or value stops the run at once with one line naming it (exit 2)."
+)
+
+
+def _key_line(key: str, default: str, meaning: str | None) -> str:
+    """`  key=default   meaning`, wrapped under the meaning's column (a long key=default puts
+    the meaning on the next line)."""
+    head = f"  {key}={default.strip('`') or '...'}"
+    indent = " " * 35
+    wrap = textwrap.TextWrapper(width=100, subsequent_indent=indent, break_on_hyphens=False)
+    if len(head) < 34:
+        return wrap.fill(f"{head:<34} {meaning or ''}")
+    wrap.initial_indent = indent
+    return f"{head}\n{wrap.fill(meaning or '')}"
+
+
+def _help_keys(keys: tuple[str, ...]) -> list[str]:
+    """One line per key (`gepa.*` / `ei.*` / `reflection.*` / `teacher.*`: every key of that
+    sub-config or LLM role); a key is looked up in the run, then GEPA, then EI, then roles."""
+    owners: list[tuple[str, type[BaseModel]]] = [
+        ("", RunConfig), ("", GEPAConfig), ("", EIConfig), ("policy.", PolicyRole),
+        ("reflection.", LLMRole), ("teacher.", LLMRole),
+    ]  # fmt: skip
+    lines = []
+    for key in keys:
+        if key.endswith(".*"):
+            prefix = key[:-1]
+            model = {"gepa.": GEPAConfig, "ei.": EIConfig}.get(prefix, LLMRole)
+            shown = "" if model in (GEPAConfig, EIConfig) else prefix
+            same = model in (GEPAConfig, EIConfig)
+            names = [r.split("`")[1] for r in _rows(model, same_as_run=same)]
+            lines += [
+                _key_line(shown + n, _default_text(model, n), model.model_fields[n].description)
+                for n in names
+            ]
+            continue
+        for prefix, model in owners:
+            name = key.removeprefix(prefix)
+            if (not prefix or key.startswith(prefix)) and name in model.model_fields:
+                field = model.model_fields[name]
+                lines.append(_key_line(key, _default_text(model, name), field.description))
+                break
+    return lines
+
+
+def help_text(mode: str | None = None) -> str:
+    """`python -m art_rlvr.run --help` (every mode, the main keys) or, with a mode, that
+    mode's own keys; the full reference stays docs/cli.md."""
+    usage = "usage: python -m art_rlvr.run key=value ...   (in a clone: uv run python -m ...)"
+    if mode is not None:
+        head = f"mode={mode}: {MODE_TITLES[mode]}\n\nits keys (key=default):"
+        lines = _help_keys(MODE_KEYS[mode])
+        return "\n".join([usage, "", head, *lines, "", HELP_FOOTER]) + "\n"
+    modes = [
+        f"  {name + (' (default)' if name == 'rl' else ''):<14} {title}"
+        for name, title in MODE_TITLES.items()
+    ]
+    example = "e.g. python -m art_rlvr.run scenario=arith mode=eval val_limit=20"
+    return "\n".join([
+        usage, example, "", "modes (mode=...; python -m art_rlvr.run mode=gepa --help shows "
+        "one mode's keys):", *modes, "", "main keys (key=default):", *_help_keys(MAIN_KEYS),
+        "", HELP_FOOTER,
+    ]) + "\n"  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ from typing import Any
 
 import art
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from art_rlvr.environments.base import Reply
+from art_rlvr.core import Reply, Score
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome
+from art_rlvr.rewards.base import as_score
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.tools import (
     CallbackError,
@@ -62,21 +63,11 @@ class Turn(BaseModel):
         return self.choice.message.content or ""
 
 
-class EpisodeScore(BaseModel):
-    """A scoring callback's verdict: reward, metrics and feedback (for the logs and GEPA)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    reward: float
-    metrics: dict[str, float] = Field(default_factory=dict)
-    feedback: str = ""
-
-
 # An environment gets the turn and the trajectory so far; it returns a `Reply` (the one model of
 # an environment's answer, shared with scenario environments), a str (one user message) or None
 # (nothing to add), directly or as an awaitable.
 Environment = Callable[[Turn, art.Trajectory], Reply | str | Awaitable[Any] | None]
-Scorer = Callable[[art.Trajectory], EpisodeScore | float | Awaitable[Any]]
+Scorer = Callable[[art.Trajectory], Score | float | bool | Awaitable[Any]]
 
 
 def failure(error: CallbackError) -> str:
@@ -94,14 +85,6 @@ def env_reply(value: Any) -> Reply:
     if isinstance(value, Reply):
         return value
     raise TypeError(f"an environment returns Reply, str or None, not {type(value).__name__}")
-
-
-def episode_score(value: Any) -> EpisodeScore:
-    if isinstance(value, EpisodeScore):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return EpisodeScore(reward=float(value))
-    raise TypeError(f"a scorer returns EpisodeScore or a number, not {type(value).__name__}")
 
 
 def turn_seed(seed: int | None, index: int) -> int | None:
@@ -203,16 +186,16 @@ async def ask_env(
         raise CallbackError(str(error)) from None
 
 
-async def score_episode(
-    score: Scorer, trajectory: art.Trajectory, timeout_s: float
-) -> EpisodeScore:
+async def score_episode(score: Scorer, trajectory: art.Trajectory, timeout_s: float) -> Score:
+    """The scorer's verdict as a `Score` (a number in [0, 1] or a bool, as a reward may
+    return); raises `CallbackError` if it fails or returns anything else."""
     value = await guarded(
         score, (trajectory,), timeout_s=timeout_s, what="scorer", detail_chars=LOG_CHARS
     )
     try:
-        return episode_score(value)
-    except TypeError as error:
-        raise CallbackError(str(error)) from None
+        return as_score(value)
+    except (TypeError, ValidationError) as error:
+        raise CallbackError(f"scorer {error}") from None
 
 
 @tracing.op("art_rlvr.episode", inputs=_episode_inputs, output=_episode_output)
@@ -322,8 +305,8 @@ __all__ = [
     "DEFAULT_MAX_TURNS",
     "CallbackError",
     "Environment",
-    "EpisodeScore",
     "Reply",
+    "Score",
     "Scorer",
     "Turn",
     "ask_env",

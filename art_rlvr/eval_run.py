@@ -348,7 +348,9 @@ def sampled_report(
         pass_at={k: mean_pass_at_k(correct, n, k) for k in kset},
         pass_all={k: mean_pass_all_k(correct, n, k) for k in kset},
         mean_reward=sum(t.reward for t in trajectories) / total,
-        format_rate=sum(float(t.metrics.get("format", 0.0)) for t in trajectories) / total,
+        format_rate=sum(float(t.metrics.get("format", 0.0)) for t in trajectories) / total
+        if any("format" in t.metrics for t in trajectories)
+        else None,
         completion_tokens=int(
             sum(float(t.metrics.get("completion_tokens", 0)) for t in trajectories)
         ),

@@ -30,7 +30,7 @@ class EvalReport(BaseModel):
     n: int
     accuracy: float
     mean_reward: float
-    format_rate: float
+    format_rate: float | None  # None: the reward reports no `format` metric
     mean_completion_tokens: float
     errors: int
     first_error: str | None = None  # the first failed rollout's cause, when some failed
@@ -44,7 +44,8 @@ class EvalReport(BaseModel):
         return (
             f"{self.split}: accuracy {self.accuracy:.3f} (n={self.n}), "
             f"reward {self.mean_reward:.3f}, "
-            f"format {self.format_rate:.2f}, {self.mean_completion_tokens:.1f} tokens/completion"
+            + (f"format {self.format_rate:.2f}, " if self.format_rate is not None else "")
+            + f"{self.mean_completion_tokens:.1f} tokens/completion"
             + (
                 f", {self.errors} errored ({self.error_rate:.0%}; first: {self.first_error})"
                 if self.errors
@@ -88,7 +89,7 @@ async def evaluate(
         n=n,
         accuracy=sum(is_correct(t) for t in trajectories) / n,
         mean_reward=sum(t.reward for t in trajectories) / n,
-        format_rate=mean("format"),
+        format_rate=mean("format") if any("format" in t.metrics for t in trajectories) else None,
         mean_completion_tokens=mean("completion_tokens"),
         errors=len(failures),
         first_error=first_error,
@@ -136,7 +137,7 @@ class SampledReport(BaseModel):
     pass_at: dict[int, float]
     pass_all: dict[int, float] = Field(default_factory=dict)  # pass^k
     mean_reward: float
-    format_rate: float
+    format_rate: float | None
     completion_tokens: int
     errors: int
     first_error: str | None = None
@@ -151,8 +152,9 @@ class SampledReport(BaseModel):
         if self.samples == 1:  # one reply per item: what a greedy evaluation reports
             return (
                 f"{self.split}: accuracy {self.pass_at[1]:.3f} (n={self.items}), "
-                f"reward {self.mean_reward:.3f}, format {self.format_rate:.2f}, "
-                f"{self.mean_completion_tokens:.1f} tokens/completion"
+                f"reward {self.mean_reward:.3f}, "
+                + (f"format {self.format_rate:.2f}, " if self.format_rate is not None else "")
+                + f"{self.mean_completion_tokens:.1f} tokens/completion"
                 + (f", {self.errors} errored (first: {self.first_error})" if self.errors else "")
             )
         passes = ", ".join(

@@ -345,6 +345,20 @@ def embedded_settings(model: Any, **overrides: Any) -> tuple[LLMSettings, str]:
     return settings, str(model.inference_api_key)
 
 
+def key_problem(role: LLMRole, name: str) -> str | None:
+    """Why the LM configured for the role called `name` cannot be called: the key variables
+    it needs and cannot find (None for the embedded model). The CLI asks before any model
+    loads; `client_for` again when the role's client is made."""
+    settings = role.settings()
+    missing = missing_keys(settings) if settings is not None else []
+    if settings is None or not missing:
+        return None
+    return (
+        f"{name}.model {settings.model!r} needs {', '.join(missing)} in the environment "
+        f"(or leave {name}.model unset to use the embedded model)"
+    )
+
+
 EMBEDDED_MIN_TIMEOUT_S = 600.0
 
 
@@ -370,12 +384,8 @@ def client_for(
         )
         client = LLMClient(settings, api_key=key, counters=counters, label=name)
         return client, f"embedded:{settings.model}"
-    missing = missing_keys(settings)
-    if missing:
-        raise ValueError(
-            f"{name}.model {settings.model!r} needs {', '.join(missing)} in the environment "
-            f"(or leave {name}.model unset to use the embedded model)"
-        )
+    if problem := key_problem(role, name):
+        raise ValueError(problem)
     where = f" at {settings.api_base}" if settings.api_base else ""
     log.info("%s LM: %s%s", name, settings.model, where)
     return LLMClient(settings, counters=counters, label=name), settings.model
@@ -394,6 +404,7 @@ __all__ = [
     "classify",
     "client_for",
     "embedded_settings",
+    "key_problem",
     "missing_keys",
     "retry_after_s",
 ]

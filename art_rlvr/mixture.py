@@ -70,6 +70,12 @@ class Mixture:
     def splits(self) -> dict[str, list[Scenario]]:
         return {split: [s for t in self.tasks for s in t.splits[split]] for split in SPLITS}
 
+    @property
+    def spec_max_tokens(self) -> int | None:
+        """The largest `max_tokens` its scenarios ask for (each episode must fit)."""
+        asked = [t.spec.max_tokens for t in self.tasks if t.spec.max_tokens is not None]
+        return max(asked) if asked else None
+
     def held_out(self, split: str, limit: int | None = None) -> list[Scenario]:
         """The first `limit` records of `split` of each scenario (a limit applies to each)."""
         return [s for t in self.tasks for s in t.held_out(split, limit)]

@@ -18,27 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from art_rlvr.core import Score, correct_from
 
 if TYPE_CHECKING:
     import art
-
-
-def correct_from(reward: float, metrics: Mapping[str, Any]) -> bool:
-    """The one rule: the reward's own `correct` metric if it set one, else a full reward."""
-    value = metrics.get("correct")
-    return float(value) >= 1.0 if value is not None else reward >= 1.0
-
-
-class Outcome(BaseModel):
-    """What the reward said about one trajectory, read back from the trajectory."""
-
-    model_config = ConfigDict(frozen=True)
-
-    reward: float
-    correct: bool
-    feedback: str = ""
-    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 def attach_outcome(
@@ -66,10 +49,10 @@ def feedback_of(trajectory: art.Trajectory) -> str:
     return value if isinstance(value, str) else ""
 
 
-def outcome_of(trajectory: art.Trajectory) -> Outcome:
-    return Outcome(
+def outcome_of(trajectory: art.Trajectory) -> Score:
+    """What the reward said about `trajectory`, read back from it."""
+    return Score(
         reward=trajectory.reward,
-        correct=is_correct(trajectory),
         feedback=feedback_of(trajectory),
         metrics={k: float(v) for k, v in trajectory.metrics.items()},
     )

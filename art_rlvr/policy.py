@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import art
+    from openai.types.chat import ChatCompletion
 
 
 class PolicyError(ValueError):
@@ -130,6 +130,7 @@ class _Completions:
 
     async def create(self, *, model: str, **kwargs: Any) -> ChatCompletion:
         import litellm
+        from openai.types.chat import ChatCompletion  # here: the CLI parses keys without openai
 
         p = self.policy
         response = await litellm.acompletion(

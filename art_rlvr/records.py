@@ -10,9 +10,24 @@ training metrics (`train/loss`, ...) allow extras: ART backends report what they
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "illegal_actions", "turn_cap_hit")
+
+
+def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Means over episodes of the multi-turn counts (`turns_per_episode`, ...), each over the
+    episodes that report it: none for single-turn rollouts, whose records stay as they were."""
+    rows = list(metrics)
+    found = {
+        key: [float(v) for m in rows if isinstance(v := m.get(key), int | float)]
+        for key in EPISODE_COUNTS
+    }
+    return {f"{key}_per_episode": statistics.fmean(v) for key, v in found.items() if v}
 
 
 class _Event(BaseModel):

@@ -21,10 +21,11 @@ from typing import Any
 
 import art
 
+from art_rlvr.core import Score
 from art_rlvr.episodes import Turn, failure, run_episode
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome, completion_text, turns
-from art_rlvr.rewards import Score
+from art_rlvr.rewards.base import RewardTypeError, as_score
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.scenario import Episode, Scenario
 from art_rlvr.text import prompt_hash
@@ -67,9 +68,11 @@ async def episode_score(scenario: Scenario, episode: Episode, trajectory: art.Tr
         value = await guarded(
             episode.reward, (turns(trajectory),), timeout_s=episode.timeout_s, what="reward"
         )
-        if not isinstance(value, Score):
-            message = f"reward returned {type(value).__name__}, not Score"
-            raise CallbackError(message, timed_out=False, detail=message)
+        try:
+            value = as_score(value)  # a Score, a number in [0, 1] or a bool
+        except RewardTypeError as error:
+            message = f"reward {error}"
+            raise CallbackError(message, timed_out=False, detail=message) from None
     except CallbackError as error:
         trajectory.logs.append(f"scoring failed, reward 0: {failure(error)}")
         trajectory.metrics["reward_error"] = 1.0

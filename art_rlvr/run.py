@@ -1,30 +1,47 @@
-"""`python -m art_rlvr.run scenario=arith mode=rl key=value ...`: parse, build, dispatch on mode."""
+"""`python -m art_rlvr.run scenario=arith mode=rl key=value ...`: parse, check, build, dispatch
+on mode.
+
+Everything that can reject a run is checked before ART and torch are imported (about 15 s of
+CPU): keys, values, the scenario, each mode's own requirements, a user's reward. The first line
+is printed then, not after the imports. Ctrl-C stops the run within a couple of seconds and
+prints how to resume, last; a second Ctrl-C quits at once (the run folder is written atomically,
+so nothing is lost either way).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import random
+import shlex
+import signal
 import sys
 import time
+from collections.abc import Coroutine
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
 from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
-from art_rlvr.backend.model_source import declares_chat_template
+from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
 from art_rlvr.backend.selection import BackendUnavailable, build_backend, check_requirements
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
+from art_rlvr.config_reference import help_text
+from art_rlvr.ei.config import start_problem as ei_problem
 from art_rlvr.environments.mcp_tools import (
     McpServerError,
     close_servers,
     servers_of,
     start_servers,
 )
+from art_rlvr.gepa.start import choose_seed_prompt
+from art_rlvr.gepa.start import start_problem as gepa_problem
+from art_rlvr.llm import key_problem
 from art_rlvr.mixture import Mixture, load_scenarios
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
@@ -58,22 +75,75 @@ def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
         root.addHandler(handler)
     for noisy in ("httpx", "LiteLLM", "litellm", "weave"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # a library's warning reaches run.log as the console saw it
+
+
+def close_logging() -> None:
+    """Flush and detach run.log (and the console handler) so the lines after it are plain."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        handler.close()
+        root.removeHandler(handler)
+    logging.captureWarnings(False)
 
 
 def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
-    """Everything that can reject the run cheaply, before the heavy imports."""
+    """Everything that can reject the run cheaply, before the heavy imports and before the run
+    folder exists (a rejected run leaves nothing behind)."""
     task = load_scenarios(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    if problem := mode_problem(cfg, task):
+        raise ConfigError(problem)
     if cfg.policy.model is None:
         check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
         if cfg.chat_template is None and declares_chat_template(cfg.base_model) is False:
             raise ChatTemplateError(missing_template(cfg.base_model))
     else:
         read_key(cfg.policy)  # an external policy's key variable: before any folder or request
+    if problem := machine_problem(cfg):
+        raise ConfigError(problem)
     files = RunFiles(cfg.directory)
     files.read_json("state.json")  # a corrupt state file stops the run before anything starts
     if not cfg.resume and (files.root / "state.json").exists():
         raise ConfigError(f"{files.root} already holds a run; pass resume=true or a new run_name")
     return task, files
+
+
+def runs_gepa(cfg: RunConfig) -> bool:
+    return cfg.mode == "gepa" or (cfg.mode in ("gepa_rl", "gepa_rl_ei") and cfg.rounds > 0)
+
+
+def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
+    """What each mode would refuse when it starts (asked now, before any model loads): GEPA's
+    Pareto set, seed prompt and budget; expert iteration's records and search tool."""
+    if not isinstance(task, Task):  # a mixture runs eval or rl only (RunConfig checks that)
+        return None
+    if runs_gepa(cfg):
+        seed_prompt = choose_seed_prompt(
+            gepa=cfg.gepa.seed_prompt,
+            run=cfg.system_prompt,
+            task_default=task.default_system_prompt,
+        )
+        if problem := gepa_problem(cfg.gepa, task, seed_prompt):
+            return f"mode={cfg.mode}: {problem}"
+    if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, task)):
+        return f"mode={cfg.mode}: {problem}"
+    return None
+
+
+def machine_problem(cfg: RunConfig) -> str | None:
+    """What this machine lacks for the run, asked before anything loads: a base model that
+    cannot load here, the key of an external reflection LM or teacher (litellm says which key
+    a provider needs; importing it takes ~4 s, only when such a model is set)."""
+    loads_here = cfg.policy.model is None and cfg.backend in ("torch", "local")
+    if loads_here and (problem := base_model_problem(cfg.base_model)):
+        return problem  # serverless and tinker load their base model remotely
+    roles = [("reflection", cfg.gepa.reflection)] if runs_gepa(cfg) else []
+    if cfg.with_expert_iteration and cfg.ei.enable_teacher_hints:
+        roles.append(("teacher", cfg.ei.teacher))
+    for name, role in roles:
+        if problem := key_problem(role, name):
+            return f"mode={cfg.mode}: {problem}"
+    return None
 
 
 async def run_mode(ctx: RunContext) -> dict[str, Any]:
@@ -103,21 +173,12 @@ async def run_mode(ctx: RunContext) -> dict[str, Any]:
 async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunSummary:
     from art_rlvr.loops.context import RunContext
 
-    setup_logging(cfg, files)
     seed_everything(cfg.seed)
     files.write_json("config.json", {**cfg.public_dump(), "versions": _versions()})
-    log.info(
-        "mode: %s | scenario %s | seed %d | run_dir %s",
-        MODE_TITLES[cfg.mode]
-        + (" + expert iteration" if cfg.enable_expert_iteration and cfg.mode != "ei" else ""),
-        task.name,
-        cfg.seed,
-        files.root,
-    )
     log.info("config: %s", cfg.model_dump_json())
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
     log.info("threads: %s", _threads())
-    tracing = setup_weave(cfg.weave_project)
+    tracing = setup_weave(cfg.weave_project, offline=cfg.weave_offline)
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
     backend = None
@@ -138,7 +199,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
                 base_model=cfg.base_model,
             )
             model = trainable_model(cfg.name, cfg.project, cfg.base_model, cfg.chat_template)
-            await model.register(backend)
+            await register(model, backend, cfg)
             ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
             result = await run_mode(ctx)
     except RolloutsFailed as error:
@@ -224,7 +285,7 @@ async def sampled_eval(
     files.append_event(event)
     files.write_rows(f"val_{step:04d}", result.trajectory_rows())
     if not external:  # ART's history lives with the run's own (trainable) model
-        await model.log(report.groups, split="val", step=step)
+        await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
     return {
         "val_accuracy_before": event.accuracy,
         "val_accuracy_after": event.accuracy,
@@ -237,6 +298,18 @@ async def sampled_eval(
         "completion_tokens": report.completion_tokens,
         "cost_usd": cost,
     }
+
+
+async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
+    """`model.register`, which loads the base model on TorchBackend: one that cannot load
+    there (a hub id that is not on the hub, a folder without weights) is a one-line error."""
+    try:
+        await model.register(backend)
+    except OSError as error:
+        if cfg.backend != "torch":  # ART's own backends: their errors are theirs to word
+            raise
+        first = next((line for line in str(error).splitlines() if line.strip()), repr(error))
+        raise ConfigError(f"base_model={cfg.base_model}: {first}") from None
 
 
 def policy_spent(model: Any) -> Any:
@@ -346,7 +419,7 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
             if s.pass_all_k and s.eval_samples and s.eval_samples > 1
             else None,
         ),
-        ("val acc", f"{before:.3f} -> {after:.3f}" if None not in (before, after) else "n/a"),
+        ("val acc", _val_line(s.mode, before, after)),
         *scenario_rows(s),
         ("test acc", f"{test:.3f}" if test is not None else None),
         ("steps", s.steps),
@@ -359,11 +432,51 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
         ("s changes", s.prompt_changes),
         ("stopped", (s.early_stop or {}).get("message")),
         ("wall", f"{s.wall_seconds:.1f} s, peak RSS {s.peak_rss_mb:.0f} MB"),
-        ("report", f"python -m art_rlvr.report {directory}"),
     ]
     lines = [f"{name:<11}{value}" for name, value in rows if value is not None]
     lines += [f"ALARM      step {a['step']}: {a['message']}" for a in s.alarms]
-    return lines
+    return lines + next_steps(directory, trained=s.mode != "eval" and not s.policy)
+
+
+def _val_line(mode: str, before: float | None, after: float | None) -> str:
+    """`0.400 -> 0.650` for a run that trained; one number for an evaluation."""
+    if before is None or after is None:
+        return "n/a"
+    return f"{after:.3f}" if mode == "eval" else f"{before:.3f} -> {after:.3f}"
+
+
+def python_command() -> str:
+    """How to start Python here as the user would type it, so a printed command runs as
+    printed: `uv run python` under uv, the venv's interpreter by path when the venv is not
+    activated, else `python`."""
+    if os.environ.get("UV"):  # `uv run` sets it
+        return "uv run python"
+    in_venv = sys.prefix != sys.base_prefix
+    if in_venv and os.environ.get("VIRTUAL_ENV") != sys.prefix:
+        executable = Path(sys.executable)
+        try:
+            return str(executable.relative_to(Path.cwd()))
+        except ValueError:
+            return str(executable)
+    return "python"
+
+
+def next_steps(directory: Path, *, trained: bool) -> list[str]:
+    """What to do with the run, each a command that runs as printed."""
+    py, run = python_command(), shlex.quote(str(directory))
+    steps = [
+        ("report", f"{py} -m art_rlvr.report {run}"),
+        ("compare", f"{py} -m art_rlvr.compare {shlex.quote(str(directory.parent))}/*"),
+    ]
+    if trained:
+        steps += [
+            (
+                "export",
+                f"{py} -m art_rlvr.export {run} --out exported/{shlex.quote(directory.name)}",
+            ),
+            ("serve", f"{py} -m art_rlvr.serve {run}"),
+        ]
+    return ["", "next:", *[f"  {name:<9}{command}" for name, command in steps]]
 
 
 def scenario_rows(s: RunSummary) -> list[tuple[str, str]]:
@@ -383,30 +496,147 @@ def _calls(calls: int | None, errors: int | None) -> str | None:
     return None if calls is None else f"{calls} call(s), {errors or 0} error(s)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = parse_args(sys.argv[1:] if argv is None else argv)
-        task, files = prepare(cfg)
-        summary = asyncio.run(execute(cfg, task, files))
-    except (
-        ConfigError,
-        ChatTemplateError,
-        PolicyError,
-        ScenarioFileError,
-        StateFileError,
-        BackendUnavailable,
-        McpServerError,
-    ) as error:
-        print(f"error: {error}", file=sys.stderr)
+USER_ERRORS = (
+    ConfigError,
+    ChatTemplateError,
+    PolicyError,
+    ScenarioFileError,
+    StateFileError,
+    BackendUnavailable,
+    McpServerError,
+)
+HELP_WORDS = {"--help", "-h", "help"}
+RESUME_LINE = "interrupted; re-run the same command to resume"
+
+
+def print_help(argv: list[str]) -> int:
+    """`--help`: every mode and the main keys; with `mode=<m>`, that mode's keys."""
+    modes = [word.partition("=")[2] for word in argv if word.startswith("mode=")]
+    mode = modes[-1] if modes else None
+    if mode is not None and mode not in MODE_TITLES:
+        print(f"error: no mode {mode!r}; one of {', '.join(MODE_TITLES)}", file=sys.stderr)
         return 2
-    except RolloutsFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; re-run the same command to resume", file=sys.stderr)
-        return 130
-    print("\n".join(summary_lines(summary, cfg.directory)))
+    print(help_text(mode), end="")
     return 0
+
+
+def scenario_defaults(args: list[str], task: Task | Mixture) -> list[str]:
+    """The scenario file's own settings (`max_tokens`, room for a whole tool call) as
+    `key=value` words, for the keys the command line leaves unset."""
+    given = {word.partition("=")[0].strip() for word in args}
+    wanted = task.spec_max_tokens
+    return [f"max_tokens={wanted}"] if wanted is not None and "max_tokens" not in given else []
+
+
+def start_line(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> str:
+    extra = " + expert iteration" if cfg.enable_expert_iteration and cfg.mode != "ei" else ""
+    return (
+        f"mode: {MODE_TITLES[cfg.mode]}{extra} | scenario {task.name} | seed {cfg.seed} | "
+        f"max_tokens {cfg.max_tokens} | run_dir {files.root} (loading ART, torch and the model)"
+    )
+
+
+async def interruptible[T](work: Coroutine[Any, Any, T], log_file: Path) -> T:
+    """Run `work`; the first Ctrl-C cancels it (its `finally` blocks close the backend), a
+    second one quits at once. Once the work has unwound, the process ends with the resume line
+    without waiting for a training step still running in a worker thread: the run folder is
+    consistent at any moment (state is written atomically; the tests kill runs with SIGKILL at
+    random points and resume them)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    presses = 0
+
+    def on_interrupt() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            close_progress_bars()  # else each cancelled rollout redraws its bar
+            log.warning("stopping (Ctrl-C again to quit at once)")
+            task.cancel()
+        else:
+            quit_interrupted(log_file)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: no handler
+        return await task
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if presses:
+            quit_interrupted(log_file)
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def quit_interrupted(log_file: Path) -> NoReturn:
+    """End the process now, the resume line last on the console and in run.log."""
+    close_progress_bars()
+    finish(RESUME_LINE, log_file, code=130)
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if HELP_WORDS & set(args):
+        return print_help(args)
+    log_file: Path | None = None  # once run.log exists, what the console shows goes there too
+    try:
+        cfg = parse_args(args)
+        task, files = prepare(cfg)
+        if defaults := scenario_defaults(args, task):  # as if typed: handed down like them
+            cfg = parse_args([*args, *defaults])
+        setup_logging(cfg, files)
+        log_file = files.root / "run.log"
+        log.info("%s", start_line(cfg, task, files))
+        import_heavy_modules(cfg)
+        summary = asyncio.run(interruptible(execute(cfg, task, files), log_file))
+    except USER_ERRORS as error:
+        return finish(f"error: {error}", log_file, code=2)
+    except RolloutsFailed as error:
+        return finish(f"error: {error}", log_file, code=1)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        close_progress_bars()
+        return finish(RESUME_LINE, log_file, code=130)
+    except Exception:
+        if log_file is None:
+            raise
+        log.exception("the run crashed (a bug: please report it with run.log)")
+        return finish("", log_file, code=1)
+    return finish("\n".join(summary_lines(summary, cfg.directory)), log_file, code=0)
+
+
+def import_heavy_modules(cfg: RunConfig) -> None:
+    """ART, torch and the loops (~15 s of CPU), imported before the event loop starts: here a
+    Ctrl-C stops them at once; inside the loop it would be seen only once they were done."""
+    names = ["art_rlvr.loops.context"]  # art, and through it torch
+    if cfg.policy.model is None and cfg.backend == "torch":
+        names.append("art_rlvr.backend.torch_backend")  # transformers, peft
+    for name in names:
+        importlib.import_module(name)
+
+
+def close_progress_bars() -> None:
+    """Close the bars a cancelled gather left open (tqdm would redraw them at exit, after the
+    resume line, which must be the last thing printed)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
+def finish(text: str, log_file: Path | None, *, code: int) -> int:
+    """Print the run's last lines (stdout for a summary, stderr otherwise) and append them to
+    run.log once it exists, so the file ends as the console did."""
+    if log_file is not None:
+        close_logging()
+        if text:
+            with log_file.open("a", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+    if text:
+        print(text, file=sys.stdout if code == 0 else sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -2,6 +2,13 @@
 
 Every JSON state file is replaced atomically (temp + fsync + rename); a state file that does
 not parse is reported, never silently ignored, because ignoring it would restart a run.
+
+A killed run resumes by redoing the work whose result was not yet in its state file, so every
+record is written to be redone safely: an event already in `metrics.jsonl` (the same eval, the
+same step, ...) is not appended again, ART's `history.jsonl` is written once per record through
+a ledger (`log_once`) that rolls back an append a kill interrupted, and the temporary files of
+a kill are swept when the folder is opened. However the loops are arranged, a record written
+through this class is never doubled by a kill.
 """
 
 from __future__ import annotations
@@ -15,7 +22,18 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from art_rlvr.outcome import as_message, completion_text, feedback_of, is_correct, is_sampled
-from art_rlvr.records import Event, _Event, parse_events
+from art_rlvr.records import (
+    AlarmEvent,
+    EIRoundEvent,
+    EvalEvent,
+    Event,
+    GepaEvent,
+    PromptChangeEvent,
+    TrainEvent,
+    _Event,
+    parse_event,
+    parse_events,
+)
 
 if TYPE_CHECKING:
     import art
@@ -55,6 +73,42 @@ def drop_torn_tail(path: Path) -> bool:
     return True
 
 
+def event_key(event: _Event) -> tuple[Any, ...] | None:
+    """What makes an event the same record when a resumed run redoes its work (None: every
+    one is new). Two evaluations of one step differ by split, tag, policy or sample count."""
+    match event:
+        case EvalEvent():
+            return ("eval", event.split, event.step, event.tag, event.policy, event.samples)
+        case TrainEvent():
+            return ("train", event.step)
+        case EIRoundEvent():
+            return ("ei_round", event.round)
+        case AlarmEvent():
+            return (event.event, event.kind, event.step)
+        case PromptChangeEvent():
+            return ("prompt_change", event.round, event.phase)
+        case GepaEvent():
+            return (
+                "gepa",
+                event.round,
+                event.iteration,
+                event.attempt,
+                event.kind,
+                event.candidate,
+            )
+    return None
+
+
+def _line_key(line: dict[str, Any]) -> tuple[Any, ...] | None:
+    try:
+        return event_key(parse_event(line))
+    except ValueError:  # not an event of ours (a raw metrics line)
+        return None
+
+
+LEDGER = "art_history.json"  # which ART history records are written (and where one began)
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """One JSON line, flushed and fsynced: a crash keeps every line that was written whole."""
     with path.open("a") as handle:
@@ -84,6 +138,11 @@ class RunFiles:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._tail_checked = False
+        self._keys: set[tuple[Any, ...]] | None = None  # keys of the events in metrics.jsonl
+        for stale in root.glob(".*.json.*"):  # write_json_atomic's temp file, left by a kill
+            stale.unlink(missing_ok=True)
+        for stale in root.glob("trajectories/*.jsonl.tmp"):
+            stale.unlink(missing_ok=True)
 
     @property
     def art_path(self) -> Path:
@@ -124,9 +183,46 @@ class RunFiles:
         """A state model, atomically (the file a resume reads back through the same model)."""
         self.write_json(name, state.model_dump(mode="json"))
 
-    def append_event(self, event: _Event) -> None:
-        """One typed event (art_rlvr.records) as a line of metrics.jsonl."""
+    def append_event(self, event: _Event) -> bool:
+        """One typed event (art_rlvr.records) as a line of metrics.jsonl, unless the same
+        record (`event_key`) is there already: a resumed run redoing work does not double it.
+        False when it was there."""
+        key = event_key(event)
+        if key is not None:
+            if self._keys is None:
+                self._keys = {k for k in map(_line_key, self.metrics()) if k is not None}
+            if key in self._keys:
+                return False
+            self._keys.add(key)
         self.append_metrics(event.line())
+        return True
+
+    async def log_once(self, model: art.Model, key: str, *args: Any, **kwargs: Any) -> bool:
+        """`model.log(*args, **kwargs)` once per `key` over kills and resumes.
+
+        ART appends to its `history.jsonl` (and overwrites the step's parquet), so a redone
+        log would double its row. The ledger records the history's length before each log and
+        the key once it is done: a done key is skipped; a key begun but not done (a kill came
+        during the log) first truncates the history back to where it began. False if skipped.
+        """
+        ledger = self.read_json(LEDGER) or {"done": [], "begun": {}}
+        if key in ledger["done"]:
+            return False
+        history = Path(model.base_path) / model.project / "models" / model.name / "history.jsonl"
+        size = history.stat().st_size if history.exists() else 0
+        if key in ledger["begun"]:
+            size = min(size, ledger["begun"][key])
+            if history.exists():
+                with history.open("r+b") as handle:
+                    handle.truncate(size)
+        else:
+            ledger["begun"][key] = size
+            self.write_json(LEDGER, ledger)
+        await model.log(*args, **kwargs)
+        del ledger["begun"][key]
+        ledger["done"].append(key)
+        self.write_json(LEDGER, ledger)
+        return True
 
     def events(self) -> list[Event]:
         """metrics.jsonl as typed events (torn lines skipped; an unknown event is an error)."""

@@ -12,6 +12,8 @@ environment is the one-turn case (no tools, no answers, its `[reward]` on the on
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import inspect
 import random
@@ -24,12 +26,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from art_rlvr.core import Messages
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
-from art_rlvr.environments.base import Messages
 from art_rlvr.observe import tracing
 from art_rlvr.rewards import Score, make_reward
-from art_rlvr.rewards.base import RewardConfigError, RewardFn, first_error
+from art_rlvr.rewards.base import (
+    RewardConfigError,
+    RewardFn,
+    RewardTypeError,
+    as_score,
+    first_error,
+)
 from art_rlvr.sources import SOURCES, SPLITS, ScenarioFileError
+from art_rlvr.text import did_you_mean
 
 
 def scenarios_dir() -> Path:
@@ -76,6 +85,9 @@ class ScenarioSpec(BaseModel):
     source: dict[str, Any]
     reward: RewardSpec | None = None  # required unless the environment scores episodes
     environment: EnvironmentSpec | None = None
+    # completion tokens per turn that fit this scenario's episodes (a whole tool call, say);
+    # the run's `max_tokens=` overrides it, and a scenario without one takes the run's default
+    max_tokens: int | None = Field(default=None, ge=1, le=4096)
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,11 @@ class Task:
         return self.spec.system_prompt
 
     @property
+    def spec_max_tokens(self) -> int | None:
+        """The completion length the scenario file asks for, if any."""
+        return self.spec.max_tokens
+
+    @property
     def tasks(self) -> tuple[Task, ...]:
         return (self,)
 
@@ -194,9 +211,10 @@ class Task:
             result = self.reward(scenario.x, completion)
         if inspect.isawaitable(result):
             result = await result
-        if not isinstance(result, Score):
-            raise TypeError(f"reward for {self.name} returned {type(result).__name__}, not Score")
-        return result
+        try:
+            return as_score(result)
+        except RewardTypeError as error:
+            raise RewardTypeError(f"the reward of {self.name} {error}") from None
 
 
 def _template_fields(template: str) -> set[str]:
@@ -212,8 +230,8 @@ def _locate(name_or_path: str) -> Path:
     builtin = scenarios_dir() / f"{name_or_path}.toml"
     if not builtin.is_file():
         raise ScenarioFileError(
-            f"unknown scenario {name_or_path!r}; built-in scenarios: {builtin_scenarios()} "
-            "(or give a path to a .toml file)"
+            f"unknown scenario {name_or_path!r}{did_you_mean(name_or_path, builtin_scenarios())}; "
+            f"built-in: {', '.join(builtin_scenarios())} (or a path to a .toml file)"
         )
     return builtin
 
@@ -261,24 +279,24 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
         raise ScenarioFileError(
             f"{_where(path, text, loc)}: field {where!r}: {error.errors()[0]['msg']}"
         ) from None
-    source_raw = {**spec.source, **(overrides or {})}
+    overrides = overrides or {}
+    source_raw = {**spec.source, **overrides}
     kind = source_raw.get("type")
     if kind not in SOURCES:
         raise ScenarioFileError(
-            f"{_where(path, text, ('source', 'type'))}: source.type {kind!r} unknown; "
-            f"known: {sorted(SOURCES)}"
+            f"{_source_where(path, text, 'type', overrides)}: {kind!r} is no source type"
+            f"{did_you_mean(str(kind), SOURCES)}; known: {', '.join(sorted(SOURCES))}"
         )
     schema, loader = SOURCES[kind]
     try:
         source = schema.model_validate(source_raw)
     except ValidationError as error:
-        loc = ("source", *error.errors()[0]["loc"])
-        raise ScenarioFileError(f"{_where(path, text, loc)}: source.{first_error(error)}") from None
+        raise ScenarioFileError(source_error(error, kind, path, text, overrides)) from None
     environment = load_environment(spec, path, text)
     reward = None
     if spec.reward is not None:
         try:
-            reward = make_reward(spec.reward.name, spec.reward.params)
+            reward = make_reward(spec.reward.name, spec.reward.params, near=path.parent)
         except RewardConfigError as error:
             key = "name" if str(error).startswith("unknown reward") else "params"
             raise ScenarioFileError(f"{_where(path, text, ('reward', key))}: {error}") from None
@@ -311,7 +329,76 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
                 )
             )
         splits[split] = items
+    user_reward = spec.reward is not None and ":" in spec.reward.name  # try it once, now
+    if user_reward and (problem := reward_problem(task)):
+        raise ScenarioFileError(f"{_where(path, text, ('reward', 'name'))}: {problem}")
     return task
+
+
+def _source_where(path: Path, text: str, key: str, overrides: dict[str, Any]) -> str:
+    """Where a `[source]` key was set, and the key: `source.k=v (command line)` when the
+    command line set it, else `file:line: source.k`."""
+    if key in overrides:
+        return f"source.{key}={overrides[key]} (command line)"
+    return f"{_where(path, text, ('source', key))}: source.{key}"
+
+
+def source_error(
+    error: ValidationError, kind: str, path: Path, text: str, overrides: dict[str, Any]
+) -> str:
+    """A `[source]` table's first error on one line: where it was set (file:line or the command
+    line), the key, and for an unknown key the closest known one and the list."""
+    schema = SOURCES[kind][0]
+    first = error.errors()[0]
+    key = str(first["loc"][0]) if first["loc"] else ""
+    if not key:  # a check across keys
+        return f"{_where(path, text, ('source',))}: source: {first_error(error)}"
+    where = _source_where(path, text, key, overrides)
+    if first["type"] == "extra_forbidden":
+        known = [k for k in schema.model_fields if k != "type"]
+        return (
+            f"{where}: no such key{did_you_mean(key, known)}; the {kind} source has "
+            f"{', '.join(known)}"
+        )
+    return f"{where}: {first_error(error).partition(': ')[2]}"
+
+
+def reward_problem(task: Task) -> str | None:
+    """Why a user's reward cannot score this task, found by calling it once on the first record
+    with an empty reply (what a model may well answer): it raises, or it returns something that
+    is no score. None when it is fine. Found here, this costs milliseconds; found in the run, it
+    costs a model load and a round of generation first."""
+    first = next((items[0] for items in task.splits.values() if items), None)
+    if first is None or task.reward is None:
+        return None
+    name = task.spec.reward.name if task.spec.reward else "reward"
+    try:
+        as_score(_settled(task.reward(first.x, "")))
+    except RewardTypeError as error:
+        return f"reward {name!r} {error} (tried on record {first.id!r} with an empty reply)"
+    except Exception as error:
+        return (
+            f"reward {name!r} raised {type(error).__name__}: {error} on record {first.id!r} with "
+            "an empty reply; a reward scores any reply and never raises"
+        )
+    return None
+
+
+def _settled(value: Any) -> Any:
+    """`value`, awaited if it is awaitable: in a fresh loop, or in a worker thread when this
+    thread already runs one (a notebook)."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
 
 
 def load_environment(spec: ScenarioSpec, path: Path, text: str) -> Environment | None:

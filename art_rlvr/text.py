@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -22,3 +24,10 @@ def excerpt(text: str, limit: int = 160) -> str:
     """`text` on one line, cut to `limit` characters with an ellipsis (for log lines)."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, or '' when none is close: every
+    "unknown name" error says it the same way."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -28,7 +28,7 @@ import art
 from bench_server import serving
 
 from art_rlvr import load_task
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Score
 from art_rlvr.rewards.code import sandbox_unavailable_reason
 from art_rlvr.rewards.math import MathReward, verifier_pool
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout

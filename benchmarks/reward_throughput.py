@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from art_rlvr import load_task
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Score
 from art_rlvr.rewards.code import CodeReward, sandbox_unavailable_reason
 from art_rlvr.rewards.math import MathReward, verifier_pool
 from art_rlvr.rewards.numeric import NumericReward

@@ -75,7 +75,7 @@ async def main(args: argparse.Namespace) -> None:
 
     started = time.perf_counter()
     tap = ex.Tap()
-    chat = {"max_tokens": 40, "http_async_client": tap.client()}
+    chat = {"max_tokens": 40, "http_async_client": tap.client(), "invoke_timeout": 900}
     chat["extra_body"] = {"return_token_ids": True}
     rollout = ex.wrap_rollout(model, ex.langgraph_rollout)
     lg = list(await asyncio.gather(*(rollout(model, a, b, **chat) for a, b in pairs)))

@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def test_eval_writes_summary_config_and_trajectories(tmp_path: Path) -> None:
     assert config["seed"] == 3 and config["mode"] == "eval" and "versions" in config
     rows = (run_dir / "trajectories" / "val_0000.jsonl").read_text().splitlines()
     assert len(rows) == 6 and {"completion", "reward", "feedback"} <= json.loads(rows[0]).keys()
-    assert "val acc" in proc.stdout
+    (val_line,) = [line for line in proc.stdout.splitlines() if line.startswith("val acc")]
+    assert "->" not in val_line  # an evaluation trains nothing: one number, not 0.5 -> 0.5
+    assert "Warning" not in proc.stderr  # peft's FutureWarning is silenced (art_rlvr/__init__)
     assert "mode: evaluation only" in (run_dir / "run.log").read_text()
     (event,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # both clocks: CPU seconds stay comparable when the machine is shared (learning_curve.py)
@@ -174,3 +177,138 @@ def test_versions_of_a_checkout_run_from_source_are_recorded_not_fatal() -> None
 
     assert _package_version("no-such-distribution-art-rlvr") == "not installed (run from source)"
     assert _package_version("pydantic")[0].isdigit()
+
+
+RESUME = "interrupted; re-run the same command to resume"
+
+
+def interrupt(args: list[str], presses: int, after: str) -> tuple[int, float, list[str]]:
+    """Start the CLI, wait for `after` in its output, press Ctrl-C `presses` times (SIGINT to
+    its process group, as a terminal does); (exit code, seconds to exit, lines after it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "art_rlvr.run", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            lines.extend(raw.decode(errors="replace").replace("\r", "\n").splitlines())
+            if any(after in line for line in lines[-5:]):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert seen.wait(600), "\n".join(lines[-30:])
+    time.sleep(1.0)
+    mark, sent = len(lines), time.monotonic()
+    for _ in range(presses):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+    code = proc.wait(timeout=120)
+    took = time.monotonic() - sent
+    reader.join(timeout=10)
+    return code, took, [line for line in lines[mark:] if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "presses", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["once", "twice"]
+)
+def test_ctrl_c_stops_in_seconds_says_how_to_resume_last_and_resumes(
+    tmp_path: Path, presses: int
+) -> None:
+    """Ctrl-C during a run: no traceback (the server answers what is in flight and closes),
+    exit 130 within seconds (0.3-0.7 s measured; a second press quits at once), the resume line
+    last on the console and in run.log; the same command then finishes the run, no step twice."""
+    run_dir = tmp_path / "rl"
+    args = [*TINY, "n_batches=3", "eval_every=10", f"run_dir={run_dir}"]
+    code, took, after = interrupt(args, presses, "step 1/3")
+    assert code == 130 and took < 15, (code, took, after[-20:])
+    assert after and after[-1] == RESUME, after[-20:]
+    assert not [line for line in after if "Traceback" in line or "Exception in ASGI" in line]
+    assert not [line for line in after if "exceptions=" in line]  # no bar redrawn per rollout
+    assert (run_dir / "run.log").read_text().splitlines()[-1] == RESUME
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = train_steps(run_dir)
+    assert steps == sorted(set(steps)) == [1, 2, 3]
+
+
+def test_ctrl_c_while_art_and_torch_load_stops_at_once(tmp_path: Path) -> None:
+    """Ctrl-C a second after the first line, while ART and torch are still being imported
+    (~15 s of CPU): the run stops in seconds (it took ~30 s, the imports' end), resume line
+    last on the console and in run.log."""
+    run_dir = tmp_path / "early"
+    args = [*TINY, "mode=eval", f"run_dir={run_dir}"]
+    code, took, after = interrupt(args, 1, "(loading ART, torch and the model)")
+    assert code == 130 and took < 5, (code, took, after[-20:])
+    assert after[-1] == RESUME and not [line for line in after if "Traceback" in line], after
+    assert (run_dir / "run.log").read_text().splitlines()[-1] == RESUME
+
+
+@pytest.mark.parametrize(
+    ("env", "prefix"),
+    [({"UV": "/usr/bin/uv"}, "uv run python"), ({}, "python")],
+    ids=["uv", "plain"],
+)
+def test_the_end_screen_commands_run_as_printed(
+    env: dict[str, str], prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Under `uv run` the printed commands start `uv run python`; from an activated venv or a
+    system Python, `python`; from a venv's interpreter called by path, that path."""
+    from art_rlvr.run import next_steps, python_command
+
+    monkeypatch.delenv("UV", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)  # as if activated
+    assert python_command() == prefix
+    lines = next_steps(tmp_path / "runs" / "a b", trained=True)
+    assert f"  report   {prefix} -m art_rlvr.report '{tmp_path}/runs/a b'" in lines
+    assert any("-m art_rlvr.export" in line and "--out exported/'a b'" in line for line in lines)
+    monkeypatch.delenv("UV", raising=False)
+    monkeypatch.delenv("VIRTUAL_ENV")
+    if sys.prefix != sys.base_prefix:  # this venv, not activated: its interpreter by path
+        assert python_command().endswith("python") and python_command() != "python"
+
+
+def test_the_entry_points_answer_before_the_heavy_imports() -> None:
+    """`run` prints its first line (and `--help`, and any config error) before ART or torch
+    load; `report` and `compare` never load them."""
+    probe = (
+        "import sys, art_rlvr.run, art_rlvr.report.__main__, art_rlvr.compare\n"
+        "print(sorted({'art', 'torch', 'transformers', 'openai'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+async def test_a_base_model_that_cannot_load_is_one_line(backend, tmp_path: Path) -> None:
+    """A folder with a config and a tokenizer but no weights passes the checks made before
+    anything loads; when TorchBackend then fails to load it, the run stops with one line naming
+    base_model (main prints it, exit 2), not with a crash report."""
+    import art
+
+    from art_rlvr import DEFAULT_BASE_MODEL
+    from art_rlvr.backend.model_source import base_model_problem, resolve_base_model
+    from art_rlvr.config import ConfigError, parse_args
+    from art_rlvr.run import register
+
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes(
+            (Path(resolve_base_model(DEFAULT_BASE_MODEL)) / name).read_bytes()
+        )
+    assert base_model_problem(str(folder)) is None
+    cfg = parse_args([f"base_model={folder}"])
+    model = art.TrainableModel(
+        name=f"noweights-{tmp_path.name}", project="p", run_name="r", base_model=str(folder)
+    )
+    with pytest.raises(ConfigError) as error:
+        await register(model, backend, cfg)
+    message = str(error.value)
+    assert message.startswith(f"base_model={folder}: ") and "model.safetensors" in message
+    assert "\n" not in message

@@ -163,3 +163,69 @@ def test_the_config_validates_without_importing_the_heavy_stack() -> None:
     probe = "import sys, art_rlvr.config; print(sorted({'art', 'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+NO_KEY = "ART_RLVR_TEST_UNSET_KEY"  # an API key variable no environment sets
+
+# fmt: off
+# A newcomer's first commands: each answers at once, in one or a few lines, naming the closest
+# valid choice rather than listing everything, with no traceback and no run folder left behind.
+FIRST_CONTACT = [
+    (["--help"], 0, ["modes (mode=", "rl (default)", "scenario=arith", "docs/cli.md"]),
+    (["-h"], 0, ["modes (mode=", "main keys"]),
+    (["help"], 0, ["modes (mode="]),
+    (["mode=gepa", "--help"], 0, ["mode=gepa: GEPA", "max_metric_calls=400", "reflection.model="]),
+    (["mode=ei", "-h"], 0, ["enable_teacher_hints=false", "teacher.model="]),
+    (["mode=evl", "--help"], 2, ["no mode 'evl'; one of eval, rl"]),
+    (["lerning_rate=1e-3"], 2, ["(did you mean 'learning_rate'?); every key: python -m art_rlvr.run --help"]),
+    (["mode=evl"], 2, ["'evl' (did you mean 'eval'?); one of eval, rl, gepa, ei, gepa_rl, gepa_rl_ei"]),
+    (["scenario=arth"], 2, ["unknown scenario 'arth' (did you mean 'arith'?)"]),
+    (["arith"], 2, ["(did you mean scenario=arith?)"]),
+    (["source.max_vaule=3"], 2, ["source.max_vaule=3 (command line): no such key (did you mean 'max_value'?)"]),
+    (["source.type=jsnl"], 2, ["source.type=jsnl (command line): 'jsnl' is no source type (did you mean 'jsonl'?)"]),
+    (["mode=ei", "ei.search_tool_choice=multiply"], 2, ["mode=ei: ei.search_tool_choice: tool_choice 'multiply'"]),
+    (["mode=gepa", "pareto_size=500"], 2, ["GEPA needs more than pareto_size=500"]),
+    (["mode=gepa", "max_metric_calls=10"], 2, ["cannot even score the seed prompt on the Pareto set (16 calls"]),
+    (["weave_offline=true"], 2, ["weave_offline=true needs weave_project=entity/project"]),
+    (["mode=gepa", "reflection.model=openai/gpt-4o", f"reflection.api_key_env={NO_KEY}"], 2, [f"mode=gepa: reflection.model 'openai/gpt-4o' needs {NO_KEY} in the environment"]),
+    (["mode=ei", "enable_teacher_hints=true", "teacher.model=openai/gpt-4o", f"teacher.api_key_env={NO_KEY}"], 2, [f"mode=ei: teacher.model 'openai/gpt-4o' needs {NO_KEY}"]),
+    (["base_model=/no/such/folder"], 2, ["base_model=/no/such/folder: no such folder (give a Hugging Face model folder, a hub id"]),
+    (["base_model=embedded:SmolLM3"], 2, ["no such embedded model; known: embedded:SmolLM2-135M-Instruct"]),
+    (["base_model=no-such-org/no-such-model"], 2, ["not in the Hugging Face cache, and HF_HUB_OFFLINE is set"]),  # conftest sets it
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"), FIRST_CONTACT, ids=[" ".join(a) for a, _, _ in FIRST_CONTACT]
+)
+def test_first_contact_is_short_and_exact(
+    args: list[str], code: int, expected: list[str], tmp_path
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "art_rlvr.run", *args, f"run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout if code == 0 else proc.stderr
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert all(text in out for text in expected), out
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
+    if code:  # one line, and not the list of every key (it used to be ~1,800 characters)
+        assert out.startswith("error: ") and out.count("\n") == 1 and len(out) < 400, out
+    if "source.max_vaule=3" in args:  # the command line set it: the TOML is not blamed
+        assert "arith.toml" not in out
+
+
+@pytest.mark.parametrize("mode", ["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"])
+def test_every_mode_has_help_naming_real_keys(mode: str) -> None:
+    """Each key a mode's help shows parses with the default it shows."""
+    from art_rlvr.config_reference import help_text
+
+    text = help_text(mode)
+    keys = [line.split()[0] for line in text.splitlines() if line.startswith("  ") and "=" in line]
+    assert len(keys) >= 5, text
+    for word in keys:
+        key, _, default = word.partition("=")
+        if default not in ("none", "...") and not key.startswith("policy."):
+            parse_args([f"mode={mode}", word])

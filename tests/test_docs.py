@@ -1,8 +1,10 @@
-"""The docs say only what holds: their commands parse (with current key names), the paths,
-tests and links they name exist, their Python examples import real names, the CLI reference is
-the generated one (every key, default and meaning from the config models), the README's layer
-diagram is the order `tests/test_layers.py` enforces, and the README fits on a screen and shows
-CI's own test command.
+"""The docs say only what holds: their commands parse (with current key names) and pass the
+CLI's own checks, the paths, tests and links they name exist, their Python examples import real
+names, the CLI reference is the generated one (every key, default and meaning from the config
+models) and its error examples are what the CLI prints, the layer diagram and table in
+docs/architecture.md are the order `tests/test_layers.py` enforces with every module in it,
+every notebook is listed, no user doc cites an issue number or a claim once found stale, and
+the README reads in five minutes and shows CI's own test command.
 
 No model is loaded and no run starts: `art_rlvr.run` commands go through the CLI's own config
 validation (`parse_args`) and scenario loading (`load_scenarios`, which also checks `source.*` keys);
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import re
 import shlex
 import warnings
@@ -23,11 +26,14 @@ import pytest
 
 from art_rlvr.config import parse_args
 from art_rlvr.mixture import load_scenarios
+from art_rlvr.run import machine_problem, mode_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 250
+README_MAX_WORDS = 1300  # five minutes at ~250 words a minute
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 # top-level folders whose paths the docs may name; `runs/...` is a run's output, not the repo's
 REPO_DIRS = ("art_rlvr", "benchmarks", "docs", "notebooks", "scenarios", "tests", ".ci")
@@ -136,7 +142,8 @@ def test_documented_command_is_valid(where: str, module: str, args: list[str]) -
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)  # the docs use no deprecated key name
             config = parse_args(args)  # raises ConfigError with the CLI's own message
-        load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        task = load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        assert mode_problem(config, task) is None, f"{where}: {mode_problem(config, task)}"
 
 
 @cache
@@ -203,9 +210,11 @@ def test_links_resolve(doc: Path) -> None:
     assert not broken, f"{doc.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
 
 
-def test_readme_fits_on_a_screen() -> None:
-    lines = len(README.read_text().splitlines())
+def test_readme_reads_in_five_minutes() -> None:
+    text = README.read_text()
+    lines, words = len(text.splitlines()), len(text.split())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+    assert words <= README_MAX_WORDS, f"README.md has {words} words (at most {README_MAX_WORDS})"
 
 
 def test_readme_shows_the_command_ci_runs() -> None:
@@ -256,19 +265,126 @@ def test_python_example_compiles_and_imports_what_exists(where: str, code: str) 
     assert not missing, f"{where} imports names that do not exist: {missing}"
 
 
-def readme_layers() -> list[set[str]]:
-    """The README's layer diagram: `N name   module, module` lines of its Architecture block."""
-    architecture = README.read_text().split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    diagram = next(body for _, lang, body in blocks(architecture)[0] if lang == "text")
+def layer_test() -> object:
+    spec = importlib.util.spec_from_file_location("layer_test", ROOT / "tests" / "test_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def enforced_layers() -> list[tuple[str, set[str]]]:
+    """`tests/test_layers.py`'s order: (name, public modules) per layer."""
+    return [
+        (name, {m for m in members if not m.startswith("_")})
+        for name, members in layer_test().LAYERS  # type: ignore[attr-defined]
+    ]
+
+
+def diagram_layers() -> list[set[str]]:
+    """docs/architecture.md's layer diagram: the `N name   module, module` lines of the text
+    block under its Layers heading."""
+    layers = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    diagram = next(body for _, lang, body in blocks(layers)[0] if lang == "text")
     rows = [re.match(r"\s*(\d+)\s+\S.*?\s{2,}(\S.*)$", line) for line in diagram.splitlines()]
     return [{m.strip() for m in row.group(2).split(",")} for row in rows if row]
 
 
-def test_readme_layer_diagram_is_the_enforced_order() -> None:
-    """`tests/test_layers.py` holds the order it enforces; the README must draw the same one."""
-    spec = importlib.util.spec_from_file_location("layer_test", ROOT / "tests" / "test_layers.py")
-    assert spec is not None and spec.loader is not None
-    layer_test = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layer_test)
-    enforced = [{m for m in members if not m.startswith("_")} for _, members in layer_test.LAYERS]
-    assert readme_layers() == enforced
+def test_the_layer_diagram_is_the_enforced_order() -> None:
+    """`tests/test_layers.py` holds the order it enforces; docs/architecture.md draws the same."""
+    assert diagram_layers() == [members for _, members in enforced_layers()]
+
+
+def test_the_layer_table_names_every_module_in_its_layer() -> None:
+    """Each row of the architecture's layer table names every module of its layer by path, so
+    a module the page leaves out (or files under the wrong layer, or calls future work) fails."""
+    layers = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        int(m[1]): m[2]
+        for line in layers.splitlines()
+        if (m := re.match(r"\| (\d+) [^|]+\|([^|]+)\|", line))
+    }
+    missing = []
+    for number, (name, members) in enumerate(enforced_layers(), start=1):
+        for module in sorted(members - {"__init__", "__main__"}):
+            paths = (f"art_rlvr/{module}.py", f"art_rlvr/{module}/")
+            if not any(path in rows.get(number, "") for path in paths):
+                missing.append(f"layer {number} ({name}): art_rlvr/{module}")
+    assert not missing, "docs/architecture.md's layer table leaves out:\n" + "\n".join(missing)
+
+
+def test_every_notebook_is_listed() -> None:
+    for doc in (README, ROOT / "docs" / "runs.md"):
+        text = doc.read_text()
+        unlisted = [p.name for p in (ROOT / "notebooks").glob("*.ipynb") if p.name not in text]
+        assert not unlisted, f"{doc.relative_to(ROOT)} does not list {unlisted}"
+
+
+ISSUE_NUMBER = re.compile(r"\b(?:issues?|PR)\s*#?\d+|(?<![\w/&(])#\d+\b", re.IGNORECASE)
+# claims that were true once and went stale (patterns); a doc that makes one again is wrong
+STALE = [
+    (r"no streaming", "the server streams (`stream=true`)"),
+    (r"no tool calling", "the server takes `tools` and `tool_choice`"),
+    (r"future work", "say what is not done in docs/status.md, plainly"),
+    (r"has no script|\bno script\b", "the report has the browser's inline script"),
+    (r"\b(three|3) notebooks|all three headlessly", "there are four notebooks"),
+]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=DOC_IDS)
+def test_no_issue_numbers_or_stale_claims(doc: Path) -> None:
+    """A reader cannot look up an issue number; and a claim found stale must not come back."""
+    _, prose = blocks(doc.read_text())
+    found = [f"line {n}: {m[0]!r}" for n, line in prose for m in ISSUE_NUMBER.finditer(line)]
+    lowered = doc.read_text().lower()
+    found += [f"{m[0]!r} ({why})" for pattern, why in STALE if (m := re.search(pattern, lowered))]
+    assert not found, f"{doc.relative_to(ROOT)}:\n" + "\n".join(found)
+
+
+def test_the_served_features_the_docs_name_exist() -> None:
+    """docs/export.md says `serve` streams and calls tools: the request model it serves with
+    takes those fields, and `serve` uses TorchBackend's own app."""
+    from art_rlvr.backend.chat_request import ChatRequest
+
+    text = (ROOT / "docs" / "export.md").read_text()
+    for field in ("stream", "tools", "tool_choice", "response_format"):
+        assert field in ChatRequest.model_fields
+        assert f"`{field}" in text, field
+    assert "serving_app" in (ROOT / "art_rlvr" / "serve.py").read_text()
+
+
+def cli_error_examples() -> list[tuple[str, list[str], str]]:
+    """(where, args, message) of each `$ python -m art_rlvr.run ...` line of a text block in
+    docs/cli.md and the `error: ...` line after it."""
+    doc = ROOT / "docs" / "cli.md"
+    found = []
+    for start, lang, body in blocks(doc.read_text())[0]:
+        lines = body.splitlines()
+        for n, (line, after) in enumerate(itertools.pairwise(lines)):
+            if lang == "text" and line.startswith("$ python -m art_rlvr.run"):
+                assert after.startswith("error: "), after
+                found.append((f"docs/cli.md:{start + n}", shlex.split(line)[4:], after[7:]))
+    return found
+
+
+CLI_ERRORS = cli_error_examples()
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "message"), CLI_ERRORS, ids=[w for w, _, _ in CLI_ERRORS]
+)
+def test_the_documented_errors_are_what_the_cli_says(
+    where: str, args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's checks, run as `main` runs them before anything loads, on a machine with no
+    provider key set; `...` in the doc stands for text left out."""
+    assert len(CLI_ERRORS) >= 5
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    try:
+        config = parse_args(args)
+        task = load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        said = mode_problem(config, task) or machine_problem(config)
+    except ValueError as error:  # ConfigError, ScenarioFileError
+        said = str(error)
+    pattern = ".*".join(re.escape(part) for part in message.split("..."))
+    assert said is not None and re.fullmatch(pattern, said), f"{where}: the CLI says {said!r}"

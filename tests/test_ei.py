@@ -16,6 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
 from art_rlvr.config import ConfigError, parse_args
+from art_rlvr.core import Reply
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
 from art_rlvr.ei.files import write_round_records
@@ -46,7 +47,7 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.episodes import Reply, Turn, run_episode
+from art_rlvr.episodes import Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
@@ -554,7 +555,8 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
         again = await run_ei(ctx2, cfg2.ei)
         assert silent.chat_requests == []
     assert again["steps"] == step + 1 and again["rounds"] == 1
-    assert [m["round"] for m in ctx.files.metrics() if m["event"] == "ei_round"] == [0, 0]
+    # round 0 is one record however often a resume redoes its bookkeeping
+    assert [m["round"] for m in ctx.files.metrics() if m["event"] == "ei_round"] == [0]
     assert not (tmp_path / "trajectories" / "train_0001.jsonl").exists()
 
     # killed after training, before the bookkeeping: resume only records the round

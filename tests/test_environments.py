@@ -24,6 +24,8 @@ from art_rlvr.environments.tictactoe import (
     parse_move,
     render,
 )
+from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.loops.context import group_metrics
 from art_rlvr.outcome import feedback_of, is_correct, turns
 from art_rlvr.rollouts import SamplingConfig, rollout
 from art_rlvr.sources import ScenarioFileError
@@ -182,6 +184,22 @@ def test_arith_retry_feedback_never_tells_the_answer() -> None:
     assert env.respond({"answer": 7}, episode("6", "5", "4")).done
 
 
+async def test_a_retry_solved_on_the_second_try_is_correct_everywhere() -> None:
+    """Reward 0.5 on `arith_retry` is a solve (`outcome.is_correct`): group statistics count the
+    group all correct and GEPA's perfect-minibatch rule sees it as nothing to improve, as
+    evaluation and expert iteration do."""
+    record = load_task("arith_retry", seed=0).splits["val"][0]
+    answer = int(record.x["answer"])
+    script = [Step.reply(str(answer + 1)), Step.reply(str(answer))] * 2
+    with ScriptedServer(script) as server:
+        model = scripted_model(server)
+        group = art.TrajectoryGroup([await rollout(model, record) for _ in range(2)])
+    assert [(t.reward, is_correct(t)) for t in group.trajectories] == [(0.5, True)] * 2
+    stats = group_metrics([group])
+    assert (stats["frac_all_correct"], stats["accuracy"], stats["reward_mean"]) == (1, 1, 0.5)
+    assert scenario_eval(group, "Be brief.").perfect
+
+
 # ---- the calculator tool ---------------------------------------------------------------------
 
 
@@ -323,7 +341,7 @@ async def test_a_failing_environment_ends_the_episode_with_zero(
     ("reward", "reason"),
     [
         ("raise", "reward raised KeyError"),
-        ("garbage", "reward returned str, not Score"),
+        ("garbage", "reward returned str; a reward returns a Score"),
     ],
 )
 async def test_a_failing_reward_scores_zero(faulty_dir, monkeypatch, reward, reason) -> None:

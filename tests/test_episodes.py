@@ -21,7 +21,8 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from pydantic import BaseModel
 
-from art_rlvr.episodes import EpisodeScore, Reply, Turn, run_episode
+from art_rlvr.core import Reply, Score
+from art_rlvr.episodes import Turn, run_episode
 from art_rlvr.outcome import feedback_of
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.testing import ScriptedServer, Step
@@ -325,9 +326,9 @@ async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
     env = Guess(62)
     script = [Step.reply("50"), Step.reply("a guess"), Step.reply("75"), Step.reply("62")]
 
-    async def score(t: art.Trajectory) -> EpisodeScore:
+    async def score(t: art.Trajectory) -> Score:
         turns = t.metrics["turns"]
-        return EpisodeScore(reward=1 / turns, metrics={"won": 1.0}, feedback="won")
+        return Score(reward=1 / turns, metrics={"won": 1.0}, feedback="won")
 
     with ScriptedServer(script) as server:
         t = await run_episode(scripted_model(server), [USER], env=env, score=score)
@@ -392,6 +393,27 @@ async def test_environment_str_reply_and_scorer_failure() -> None:
     assert t.messages_and_choices[2] == {"role": "user", "content": "try again"}
     assert (t.reward, t.metrics["score_error"], t.metrics["env_error"]) == (0.0, 1, 0)
     assert any("scoring failed" in line and "grader down" in line for line in t.logs)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reward", "reason"),
+    [
+        (True, 1.0, None),
+        (0.25, 0.25, None),
+        (Score(reward=0.5, metrics={"correct": 1.0}), 0.5, None),
+        (1.5, 0.0, "a reward's number is in [0, 1]"),
+        (float("nan"), 0.0, "a reward's number is in [0, 1]"),
+        ("1.0", 0.0, "returned str"),
+    ],
+)
+async def test_a_scorer_returns_what_a_reward_may(verdict, reward: float, reason) -> None:
+    """One verdict type: an episode scorer returns a `Score`, a number in [0, 1] or a bool,
+    like a reward; anything else scores 0 with the reason logged."""
+    with ScriptedServer([Step.reply("1")]) as server:
+        t = await run_episode(scripted_model(server), [USER], score=lambda t: verdict)
+    assert (t.reward, t.metrics["score_error"]) == (reward, float(reason is not None))
+    if reason is not None:
+        assert any("scoring failed" in line and reason in line for line in t.logs)
 
 
 async def test_bad_setup_is_refused_before_any_request() -> None:

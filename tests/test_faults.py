@@ -203,6 +203,7 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     state |= {"train_rewards": {}}
     (tmp_path / "state.json").write_text(json.dumps(state))
 
+    files = RunFiles(tmp_path)  # the restarted process reads the rewound folder afresh
     again = await run_mode(RunContext(parse_args(words), task, backend, model, files, 0.0))
     booked = [r for r in files.metrics() if r["event"] == "train"]
     assert [(r["step"], r["recovered_after_kill"]) for r in booked] == [(1, 1.0)]

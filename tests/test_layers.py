@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("backend", {"backend"}),
     ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),
-    ("leaves", {"records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
+    ("leaves", {"core", "records", "runfiles", "text", "outcome", "testing", "_lazy", "__init__"}),
 ]
 
 

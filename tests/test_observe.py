@@ -255,3 +255,53 @@ def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path
     assert [e["step"] for e in events if e["event"] == "early_stop"] == [1]
     run_cli(args, env, tmp_path)  # resuming a stopped run does not train on
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 1
+
+
+OFFLINE = """
+import asyncio
+from art_rlvr.observe.tracing import finish_weave, setup_weave
+from art_rlvr.scenario import load_task
+assert setup_weave("ent/proj", offline=True)
+scenario = load_task("arith").splits["val"][0]
+asyncio.run(scenario.score(str(scenario.x["answer"])))
+finish_weave()
+"""
+LOOPBACK_ONLY = Path(__file__).parent / "scripts" / "loopback_only.py"
+
+
+def test_offline_traces_record_with_nothing_online_and_upload_later(tmp_path: Path) -> None:
+    """`weave_offline`: no key, no trace server, not even a lookup off the machine (weave's
+    PyPI version check included) while weave records the calls into its on-disk log; the
+    upload command then sends them, once, to a trace server (here a recording one on
+    loopback) with the user's key."""
+    gone = ("WANDB_API_KEY", "WF_TRACE_SERVER_URL", "WANDB_BASE_URL", "WEAVE_DISABLED")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env |= {"HOME": str(tmp_path), "WANDB_ERROR_REPORTING": "false"}  # the log is under HOME
+    outbound = tmp_path / "outbound.log"
+    proc = subprocess.run(
+        [sys.executable, str(LOOPBACK_ONLY), str(outbound), "-c", OFFLINE],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not outbound.exists(), outbound.read_text()
+    (folder,) = (tmp_path / ".weave" / "wal" / "ent" / "proj").iterdir()
+    records = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.open()]
+    starts = [r["req"]["start"] for r in records if r["type"] == "call_start"]
+    assert [s["op_name"].split("/")[-1].split(":")[0] for s in starts] == ["art_rlvr.score"]
+    assert all(s["project_id"] == "ent/proj" for s in starts)
+
+    def send() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "art_rlvr.observe.upload", "ent/proj",
+             "--trace-server-url", f"{trace.url}/traces"],
+            capture_output=True, text=True, timeout=300,
+            env=env | {"WANDB_API_KEY": W_KEY, "WANDB_BASE_URL": trace.url},
+        )  # fmt: skip
+
+    with RecordingTraceServer() as trace:
+        first, again = send(), send()
+        calls = trace.calls()
+    assert first.returncode == 0 and first.stdout.startswith("sent "), first.stderr[-3000:]
+    assert [c["name"] for c in calls] == ["art_rlvr.score"]
+    assert calls[0]["output"]["reward"] == 1.0 and calls[0]["ended_at"]
+    assert again.returncode == 2 and "no offline traces of ent/proj" in again.stderr

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from html import escape
+from html import escape, unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from art_rlvr.records import EvalEvent, TrainEvent
+from art_rlvr.report import plots
 from art_rlvr.report.__main__ import main
 
 RL_RUN = [
@@ -82,7 +85,15 @@ def test_report_of_a_real_rl_run(real_run: Path, real_page: Path) -> None:
         assert base64.b64encode(png).decode() in html  # the same image, embedded
     best = max(rows(real_run / "trajectories" / "train_0002.jsonl"), key=lambda r: r["reward"])
     assert escape(best["completion"]) in html
-    assert "<script" not in html and 'src="http' not in html
+    assert_self_contained(html)
+
+
+def assert_self_contained(html: str) -> None:
+    """One file that opens offline: its only scripts are the browser's own two inline blocks
+    (the data, the code), and nothing is fetched."""
+    assert html.count("<script") == 2, html.count("<script")
+    assert '<script type="application/json" id="rollout-data">' in html
+    assert "<script src" not in html and 'src="http' not in html and "<link" not in html
 
 
 class Dom(HTMLParser):
@@ -118,8 +129,7 @@ class Dom(HTMLParser):
             self.trajectory_text.append(data)
 
 
-# appended to a *copy* of the page (the report itself has no script): lists what the browser
-# decoded for each image
+# appended to a *copy* of the page: lists what the browser decoded for each image
 PROBE = """<script>window.addEventListener("load", () => {
   const p = document.createElement("pre"); p.id = "probe";
   p.textContent = [...document.images].map(i => `${i.id} ${i.complete} ${i.naturalWidth}`).join("\\n");
@@ -353,10 +363,93 @@ def test_hostile_text_stays_text_in_chromium(tmp_path: Path) -> None:
     root = write_run(tmp_path / "run")
     hostile(root)
     assert main([str(root)]) == 0
-    dom = Dom(dump_dom(root / "report" / "index.html", tmp_path))
-    assert "script" not in dom.tags and dom.tags.count("img") == len(dom.images) == 3
+    page = root / "report" / "index.html"
+    dom = Dom(dump_dom(page, tmp_path))
+    assert dom.tags.count("script") == 2 and dom.tags.count("img") == len(dom.images) == 3
     text = "".join(dom.text)
     assert HOSTILE in text and HOSTILE_IMG in text and "</pre></details>" + HOSTILE in text
+    # the browser renders the same rows as text, never as markup (no alert, no extra tags)
+    (shown,) = browse(page, tmp_path, [{"f-scenario": "<script"}])
+    assert shown["count"].startswith("2 of ") and HOSTILE in shown["first"], shown
+
+
+# appended to a copy of the page: for each filter setting (every filter reset first), what the
+# browser lists, its count line, and the text of the first rollout once opened
+BROWSE = """<script>window.addEventListener("load", () => {
+  const steps = __STEPS__, out = [];
+  const ids = ["f-kind", "f-step", "f-outcome", "f-scenario", "f-calls", "f-errors"];
+  const set = (id, value) => {
+    const e = document.getElementById(id);
+    if (e.type === "checkbox") e.checked = value; else e.value = value;
+    e.dispatchEvent(new Event("change"));
+  };
+  const run = (i) => {
+    if (i === steps.length) {
+      const p = document.createElement("pre"); p.id = "probe";
+      p.textContent = JSON.stringify(out); document.body.appendChild(p); return;
+    }
+    for (const id of ids) set(id, id === "f-calls" || id === "f-errors" ? false : "");
+    for (const [id, value] of Object.entries(steps[i])) set(id, value);
+    const items = [...document.querySelectorAll("#browse-list details.rollout")];
+    if (items.length) items[0].open = true;
+    setTimeout(() => {
+      out.push({
+        count: document.getElementById("browse-count").textContent,
+        heads: items.map((d) => d.querySelector("summary").textContent),
+        first: items.length ? items[0].textContent : "",
+        more: !document.getElementById("browse-more").hidden,
+        alerts: window.__alerts || 0,
+      });
+      run(i + 1);
+    }, 20);
+  };
+  run(0);
+});
+window.alert = () => { window.__alerts = (window.__alerts || 0) + 1; };</script>"""
+
+
+def browse(page: Path, tmp: Path, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drive the page's trajectory browser in headless Chromium, as a user would (set each
+    filter, open the first rollout listed), and return what it showed for each setting."""
+    probe = tmp / "browse.html"
+    script = BROWSE.replace("__STEPS__", json.dumps(steps))
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dumped = dump_dom(probe, tmp, "--virtual-time-budget=10000")
+    text = dumped.split('<pre id="probe">')[-1].split("</pre>")[0]
+    return json.loads(unescape(text))
+
+
+@pytest.mark.browser
+def test_the_browser_filters_every_rollout_in_chromium(
+    real_run: Path, real_page: Path, tmp_path: Path
+) -> None:
+    """Every stored rollout is in the browser, and each filter (split, step, outcome, scenario)
+    lists exactly the rollouts the trajectory files hold for it; an opened one shows its prompt,
+    its completion and its feedback."""
+    files = sorted((real_run / "trajectories").glob("*.jsonl"))
+    stored = [(f.stem, r) for f in files for r in rows(f)]
+    val2 = rows(real_run / "trajectories" / "val_0002.jsonl")
+    wrong = [r for _, r in stored if not r["correct"]]
+    scenario = val2[0]["scenario_id"]
+    same = [r for r in val2 if scenario.lower() in r["scenario_id"].lower()]
+    shown = browse(real_page, tmp_path, [
+        {}, {"f-kind": "val"}, {"f-kind": "val", "f-step": "2"}, {"f-outcome": "wrong"},
+        {"f-kind": "val", "f-step": "2", "f-scenario": scenario}, {"f-calls": True},
+    ])  # fmt: skip
+    everything, val, val_at_2, failed, one, calls = shown
+    assert everything["count"] == f"{len(stored)} of {len(stored)} rollouts"
+    assert len(everything["heads"]) == min(len(stored), 50)
+    assert val["count"].startswith(f"{sum(s.startswith('val') for s, _ in stored)} of ")
+    assert val_at_2["count"].startswith(f"{len(val2)} of ")
+    assert all(h.startswith("val \u00b7 step 2 \u00b7") for h in val_at_2["heads"])
+    assert failed["count"].startswith(f"{len(wrong)} of ")
+    assert all("\u00b7 wrong" in h for h in failed["heads"])
+    assert one["count"].startswith(f"{len(same)} of ") and scenario in one["heads"][0]
+    row = val2[0]
+    assert row["completion"] in one["first"] and row["feedback"] in one["first"]
+    assert "prompt (2 messages)" in one["first"] and "assistant, turn 0" in one["first"]
+    assert calls["count"].startswith("0 of ")  # arithmetic calls no tool
+    assert not any(s["alerts"] for s in shown)
 
 
 # fmt: off
@@ -432,7 +525,7 @@ EDGES = [
     ("unfinished run", drop_summary, ["unfinished run: no summary.json yet", "No summary.json yet", 'id="plot-curves"'], []),
     ("just started", just_started, ["unfinished run", "Nothing to plot yet", "No trajectories recorded yet"], ["<img"]),
     ("cut last metrics line", append('{"event": "train", "step": 3, "rew'), ["1 line(s) of metrics.jsonl could not be read", "best of step 2"], []),
-    ("hostile text", hostile, [escape(HOSTILE), escape(HOSTILE_IMG), "&lt;/pre&gt;&lt;/details&gt;"], ["<script", "<img src=x", "</pre></details><script"]),
+    ("hostile text", hostile, [escape(HOSTILE), escape(HOSTILE_IMG), "&lt;/pre&gt;&lt;/details&gt;"], [HOSTILE, "<img src=x", "</pre></details><script"]),
     ("alarm and early stop", append(ALARM, EARLY), ['id="alarms"', "reward_hacking</b> at step 2", escape(ALARM["message"]), escape(EARLY["message"])], []),
     ("prompt change", append(PROMPT_CHANGE), ["<del>Answer the question.</del><ins>Reply with a bare number and nothing else.</ins>", "Pareto mean 0.250 &rarr; 0.750"], []),
     ("ei counters", append(ei_round(0), ei_round(1)), ["Expert iteration per round", "<td>hints_leak_rejected</td><td>7</td><td>7</td>"], []),
@@ -510,4 +603,57 @@ def test_out_folder_and_self_contained_page(tmp_path: Path) -> None:
     assert pngs == ["curves", "ei", "gepa", "groups", "tokens"]
     srcs = [part.split('"')[0] for part in html.split('src="')[1:]]
     assert len(srcs) == len(pngs) and all(s.startswith("data:image/png;base64,") for s in srcs)
-    assert "href=" not in html and "<script" not in html and "<link" not in html
+    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', html))  # in-page only
+    assert_self_contained(html)
+
+
+def train_record(step: int, reward: float, accuracy: float) -> TrainEvent:
+    return TrainEvent.model_validate({**train_event(step, reward), "accuracy": accuracy})
+
+
+def val_record(step: int, accuracy: float) -> EvalEvent:
+    return EvalEvent.model_validate(eval_event(step, accuracy))
+
+
+def drawn(fig: Any) -> tuple[Any, list[float]]:
+    """The axes of a figure once drawn, and its x ticks inside the visible range."""
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    low, high = ax.get_xlim()
+    return ax, [float(t) for t in ax.get_xticks() if low <= t <= high]
+
+
+def test_step_axes_have_whole_numbers_and_series_stay_apart() -> None:
+    """Steps are integers on every step axis (no 0.5 ticks); train reward and train accuracy
+    are two distinguishable lines, or one line saying so when a 0/1 reward makes them equal."""
+    train = [train_record(1, 0.3, 0.2), train_record(2, 0.5, 0.4), train_record(3, 0.6, 0.6)]
+    evals = [val_record(0, 0.2), val_record(3, 0.5)]
+    figures = [
+        plots.curves_figure(train, evals, [], "step"),
+        plots.group_fractions_figure(train),
+        plots.tokens_figure(train, evals, "step"),
+    ]
+    for fig in figures:
+        _, ticks = drawn(fig)
+        assert len(ticks) >= 2 and all(t.is_integer() for t in ticks), ticks
+    ax, _ = drawn(figures[0])
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    reward, accuracy = lines["train reward"], lines["train accuracy"]
+    assert (reward.get_color(), reward.get_linestyle()) != (
+        accuracy.get_color(),
+        accuracy.get_linestyle(),
+    )
+    same = [train_record(s, r, r) for s, r in ((1, 0.25), (2, 0.5))]
+    ax, _ = drawn(plots.curves_figure(same, [], [], "step"))
+    assert [line.get_label() for line in ax.get_lines()] == ["train reward (= accuracy)"]
+
+
+def test_an_evaluation_alone_is_centred_on_its_step() -> None:
+    """An eval-only run has one point: the axis spans step +- 1 with one tick, the step
+    (it used to run from -0.045 to 0.045)."""
+    for fig in (
+        plots.curves_figure([], [val_record(0, 0.5)], [], "step"),
+        plots.tokens_figure([], [val_record(0, 0.5)], "step"),
+    ):
+        ax, ticks = drawn(fig)
+        assert ax.get_xlim() == (-1.0, 1.0) and ticks == [0.0]

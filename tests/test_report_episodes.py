@@ -23,7 +23,7 @@ from typing import Any
 import art
 import pytest
 from test_episodes import scripted_model
-from test_report import PNG_MAGIC, Dom, dump_dom  # the page's parser and Chromium runner
+from test_report import PNG_MAGIC, Dom, browse, dump_dom  # the page's parser, Chromium
 
 from art_rlvr.loops.context import group_metrics
 from art_rlvr.records import EvalEvent, TrainEvent
@@ -256,3 +256,29 @@ def test_single_turn_runs_draw_no_episode_curves(tmp_path: Path) -> None:
     html = (files.root / "report" / "index.html").read_text()
     assert 'id="plot-curves"' in html
     assert 'id="plot-episodes"' not in html and 'id="plot-scenarios"' not in html
+
+
+@pytest.mark.browser
+def test_the_browser_finds_tool_episodes_in_chromium(scripted_run: Path, tmp_path: Path) -> None:
+    """The tool filters, driven in headless Chromium as a user would: "with tool calls" lists
+    exactly the episodes that called a tool, "with tool errors" only those whose call failed,
+    and a successful tool episode opens whole (the call with its arguments, the tool's result,
+    the final answer)."""
+    stored = [r for f in sorted((scripted_run / "trajectories").glob("*.jsonl")) for r in rows(f)]
+    called = [r for r in stored if calls_of(r)]
+    failed = [r for r in stored if r["metrics"].get("tool_errors", 0) > 0]
+    solved = [r for r in rows(scripted_run / "trajectories" / "train_0001.jsonl") if r["correct"]]
+    assert len(solved) == 1 and calls_of(solved[0]) and 0 < len(failed) < len(called)
+    page = scripted_run / "report" / "index.html"
+    calls, errors, good = browse(page, tmp_path, [
+        {"f-calls": True}, {"f-errors": True},
+        {"f-calls": True, "f-outcome": "correct", "f-kind": "train"},
+    ])  # fmt: skip
+    assert calls["count"] == f"{len(called)} of {len(stored)} rollouts"
+    assert errors["count"] == f"{len(failed)} of {len(stored)} rollouts"
+    assert all("1 tool error" in head for head in errors["heads"]), errors["heads"]
+    assert good["count"] == f"1 of {len(stored)} rollouts"
+    (name, arguments), answer = calls_of(solved[0])[0], solved[0]["completion"]
+    result = next(m["content"] for m in solved[0]["messages"] if m["role"] == "tool")
+    assert f"{name}({arguments})" in good["first"] and result in good["first"], good["first"]
+    assert answer in good["first"] and "tool result: multiply" in good["first"]

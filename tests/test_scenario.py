@@ -118,7 +118,7 @@ def test_bad_user_scenarios_name_file_and_line(
         ),
         (
             'name = "x"\nuser_template = "{a}"\n[source]\ntype="nope"\n[reward]\nname="numeric"\n',
-            "source.type 'nope' unknown",
+            "source.type: 'nope' is no source type",
         ),
         (
             'name = "x"\nuser_template = "{zzz}"\n[source]\ntype="arith"\n[reward]\nname="numeric"\n',
@@ -169,3 +169,126 @@ def test_scenario_errors_name_the_toml_line(tmp_path: Path, text: str, where: st
 def test_unknown_scenario_lists_choices() -> None:
     with pytest.raises(ScenarioFileError, match=r"unknown scenario 'nope'.*arith"):
         load_task("nope")
+
+
+REWARDS = """
+import asyncio
+from art_rlvr.rewards import Score
+
+def as_float(x, y):
+    return 1.0 if y.strip() == str(x["answer"]) else 0.0
+
+def as_bool(x, y):
+    return y.strip() == str(x["answer"])
+
+async def as_async_float(x, y):
+    await asyncio.sleep(0)
+    return 0.5
+
+def as_score(x, y):
+    return Score(reward=0.0, feedback="no")
+
+def as_text(x, y):
+    return "correct"
+
+def too_big(x, y):
+    return 2.5
+
+def raises(x, y):
+    return int(y)  # an empty reply raises ValueError
+"""
+
+
+@pytest.fixture
+def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`user_rewards:<fn>` importable, and a JSONL scenario of two records that uses it."""
+    write(tmp_path / "user_rewards.py", REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = [{"qid": f"q{i}", "question": f"{i}+1?", "answer": i + 1} for i in range(3)]
+    write(tmp_path / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("fn", "reply", "reward", "correct"),
+    [
+        ("as_float", "2", 1.0, True),
+        ("as_float", "7", 0.0, False),
+        ("as_bool", "2", 1.0, True),  # the TRL / verifiers habit: True is 1.0 and correct
+        ("as_bool", "x", 0.0, False),
+        ("as_async_float", "x", 0.5, False),
+        ("as_score", "2", 0.0, False),
+    ],
+)
+async def test_a_reward_may_return_a_score_a_float_or_a_bool(
+    reward_module: Path, fn: str, reply: str, reward: float, correct: bool
+) -> None:
+    task = load_task(str(user_toml(reward_module, reward=f'"user_rewards:{fn}"')), seed=0)
+    record = next(s for split in task.splits.values() for s in split if s.x["answer"] == 2)
+    score = await record.score(reply)
+    assert (score.reward, score.correct) == (reward, correct)
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("as_text", "returned str; a reward returns a Score, a float in [0, 1] or a bool"),
+        ("too_big", "returned 2.5; a reward's number is in [0, 1]"),
+        ("raises", "raised ValueError"),
+    ],
+)
+def test_a_reward_that_returns_no_score_is_refused_at_load(
+    reward_module: Path, fn: str, message: str
+) -> None:
+    """Found when the scenario loads (one record, an empty reply), not after the model has
+    loaded and generated: the error names the file, the line of `name` and what came back."""
+    toml = user_toml(reward_module, reward=f'"user_rewards:{fn}"')
+    with pytest.raises(ScenarioFileError) as error:
+        load_task(str(toml), seed=0)
+    text, lines = str(error.value), toml.read_text().splitlines()
+    line = next(n for n, t in enumerate(lines, 1) if t.startswith('name = "user_rewards'))
+    assert text.startswith(f"{toml}:{line}: reward 'user_rewards:{fn}'") and message in text, text
+    assert "\n" not in text
+
+
+def test_a_tool_scenario_leaves_room_for_a_whole_call() -> None:
+    """Tool scenarios carry their own max_tokens (a call is ~30 tokens of JSON); the run takes
+    it unless the command line sets one."""
+    from art_rlvr.run import scenario_defaults
+
+    for name in ("qa_search", "calc"):
+        task = load_task(name)
+        assert task.spec_max_tokens is not None and task.spec_max_tokens >= 48
+        assert scenario_defaults([f"scenario={name}"], task) == [
+            f"max_tokens={task.spec_max_tokens}"
+        ]
+        assert scenario_defaults([f"scenario={name}", "max_tokens=16"], task) == []
+    assert scenario_defaults(["scenario=arith"], load_task("arith")) == []
+
+
+@pytest.mark.parametrize(
+    ("reward", "formats"), [('"user_rewards:as_bool"', False), ('"numeric"', True)]
+)
+async def test_an_evaluation_reports_format_only_when_the_reward_measures_it(
+    reward_module: Path, reward: str, formats: bool
+) -> None:
+    """A user's reward without a `format` metric gets no `format 0.00` in the eval line (it
+    measured nothing); the built-in numeric reward, which measures it, keeps it. Real rollouts
+    against the scripted OpenAI-compatible server on loopback."""
+    import art
+
+    from art_rlvr.evaluation import evaluate
+    from art_rlvr.testing import ScriptedServer, Step
+
+    task = load_task(str(user_toml(reward_module, reward=reward)), seed=0)
+    scenarios = task.splits["train"] + task.splits["val"]
+    replies = [Step.reply("2")] * len(scenarios)  # the rollouts run concurrently
+    with ScriptedServer(replies) as server:
+        model = art.Model(
+            name="fmt", project="t", inference_base_url=server.base_url,
+            inference_api_key="k", inference_model_name="scripted",
+        )  # fmt: skip
+        report = await evaluate(model, scenarios)
+    assert report.n == len(scenarios) == 3 and report.errors == 0
+    assert (report.format_rate is not None) == formats
+    assert ("format" in report.line()) == formats, report.line()

@@ -269,7 +269,7 @@ GOOD_GSM8K = {"question": "q?", "answer": "so #### 4"}
             'type = "gsm8k"\npath = "d.jsonl"\nsurprise = 1',
             None,
             None,
-            "source.surprise: Extra inputs",
+            "source.surprise: no such key",
         ),
     ],
 )

@@ -10,6 +10,7 @@ import httpx
 import jsonschema
 import pytest
 import torch
+from art.openai import consume_chat_completion_stream
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from art_rlvr.backend.chat import parse_tool_calls, render_ids, template_supports_tools
@@ -313,6 +314,25 @@ async def test_stream_equals_non_streamed(model, case) -> None:
     assert streamed.usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_every_choice_carries_arts_policy_spans(model, stream) -> None:
+    """ART's client on TorchBackend requires policy provenance (as on ART's own runtime): one
+    span per choice over every completion token, the step that served it; ART's stream
+    assembler checks the streamed spans against the streamed token ids."""
+    kwargs = {"max_tokens": 8, "temperature": 1.0, "seed": 4, "n": 2}
+    response = await create(model, stream=stream, **kwargs)
+    if stream:
+        response = await consume_chat_completion_stream(response)
+    step = await model.get_step()
+    for choice in response.choices:
+        extra = choice.model_extra
+        [span] = extra["policy_token_spans"]
+        assert (span["start_token"], span["end_token"]) == (0, len(extra["token_ids"]))
+        assert span["policy_version"] == step
+        [prompt] = extra["prompt_policy_token_spans"]
+        assert (prompt["start_token"], prompt["end_token"]) == (1, len(extra["prompt_token_ids"]))
+
+
 async def test_stream_carries_logprobs_and_prompt_ids(model) -> None:
     stream = await create(
         model, stream=True, max_tokens=12, logprobs=True, temperature=1.0, seed=2, n=2
@@ -350,7 +370,7 @@ BAD = [
         },
         "cannot build a grammar",
     ),
-    ({"messages": [{"role": "tool", "content": 5}]}, "bad request"),
+    ({"messages": [{"role": "tool", "content": 5}]}, "content: must be a string"),
 ]
 
 

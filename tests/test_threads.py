@@ -1,10 +1,20 @@
-"""OpenMP spinning: `import art_rlvr` shortens it unless the user chose (art_rlvr/__init__.py)."""
+"""Threads: OpenMP spinning (`import art_rlvr` shortens it unless the user chose), and the
+engine's own thread count (chosen by timing its steps; results do not depend on it)."""
 
+import asyncio
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import art
 import pytest
+import torch
+
+from art_rlvr.backend import adapters as A
+from art_rlvr.backend import steps as S
+from art_rlvr.backend.engine import GenerationEngine, SamplingParams
+from art_rlvr.backend.threads import ThreadTuner, usable_cores
 
 
 @pytest.mark.parametrize(("given", "seen"), [(None, "1000"), ("300000", "300000"), ("0", "0")])
@@ -17,3 +27,128 @@ def test_gomp_spincount_defaults_to_1000_and_keeps_the_users(given, seen) -> Non
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == seen
+
+
+# ------------------------------------------------------------------ the engine's thread count
+
+
+def feed(tuner: ThreadTuner, seconds: dict[int, float], steps: int, rows: int = 8) -> list[int]:
+    """Run `steps` decode steps whose time depends only on the thread count; the counts used."""
+    used = []
+    for _ in range(steps):
+        threads = tuner.threads_for_next_step()
+        tuner.record(threads, rows, seconds[threads])
+        used.append(threads)
+    return used
+
+
+def test_the_tuner_moves_to_one_thread_when_it_is_faster_and_back() -> None:
+    tuner = ThreadTuner(2)
+    assert feed(tuner, {1: 1.0, 2: 0.6}, 200).count(1) < 200 // 6  # two threads win: stay
+    assert tuner.current == 2 and tuner.switches == 0
+    feed(tuner, {1: 1.0, 2: 3.0}, 100)  # a competitor arrives: two threads now take 3x
+    assert tuner.current == 1
+    used = feed(tuner, {1: 1.0, 2: 3.0}, 240)
+    assert used.count(2) <= 240 // 24 + 1  # exploring the slow count costs ~1 step in 24
+    feed(tuner, {1: 1.0, 2: 0.6}, 200)  # it leaves
+    assert tuner.current == 2
+
+
+def test_the_tuner_compares_only_steps_of_the_same_rows_and_a_fixed_count_stays() -> None:
+    tuner = ThreadTuner(2)
+    for _ in range(300):  # the other count always lands on a batch half the size
+        threads = tuner.threads_for_next_step()
+        rows = 4 if threads == tuner.other else 8
+        tuner.record(threads, rows, 0.1 * rows)
+    assert tuner.current == 2 and tuner.switches == 0
+    fixed = ThreadTuner(2, fixed=True)
+    assert set(feed(fixed, {1: 0.1, 2: 9.0}, 100)) == {2}
+
+
+def test_usable_cores_follow_the_affinity_mask_and_torch() -> None:
+    assert 1 <= usable_cores() <= min(len(os.sched_getaffinity(0)), torch.get_num_threads())
+
+
+async def test_the_engine_samples_the_same_at_one_and_two_threads(backend, model) -> None:
+    """Seeded rows (batched, invariant path) give bit-identical tokens and logprobs whatever
+    the engine thread's count: the tuner may switch at any step without changing a result."""
+    base = next(iter(backend._bases.values()))
+    prompts = [base.tokenizer(f"Count to {i}:")["input_ids"] for i in range(3, 9)]
+    results = []
+    for threads in (1, 2):
+        engine = GenerationEngine(
+            base.model,
+            base.tokenizer,
+            model_lock=base.lock,
+            select_adapter=lambda name: A.select(base, name),
+            threads=threads,
+        )
+        try:
+            done = await asyncio.gather(
+                *[
+                    engine.generate(p, SamplingParams(max_tokens=12, seed=i), n=2, adapter=None)
+                    for i, p in enumerate(prompts)
+                ]
+            )
+        finally:
+            engine.close()
+        results.append([(c.token_ids, c.logprobs) for cs in done for c in cs])
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("differs", "fixed"), [(False, False), (True, True)])
+def test_the_tuner_keeps_one_count_where_counts_change_results(differs, fixed) -> None:
+    def logits() -> torch.Tensor:  # what a forward gives; here it depends on the count or not
+        return torch.tensor([float(torch.get_num_threads()) if differs else 1.0])
+
+    tuner = ThreadTuner(2)
+    tuner.verify(logits)
+    assert tuner.fixed is fixed and tuner.current == 2
+    if fixed:
+        assert set(feed(tuner, {1: 0.1, 2: 9.0}, 50)) == {2}
+
+
+async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_last(
+    backend, make_model, monkeypatch
+) -> None:
+    """torch gives a thread that has not used it yet the count set last by any thread: an
+    engine at 1 thread must not make a fresh pool thread train at 1."""
+    if backend.threads == 1:
+        pytest.skip("one usable core: nothing to tell apart")
+    model = await make_model("threads")
+    base = next(iter(backend._bases.values()))
+    engine = GenerationEngine(
+        base.model,
+        base.tokenizer,
+        model_lock=base.lock,
+        select_adapter=lambda name: A.select(base, name),
+        threads=1,
+    )
+    seen: list[int] = []
+    sft_step = S.sft_step
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return sft_step(*args)
+
+    monkeypatch.setattr(S, "sft_step", spy)
+    loop = asyncio.get_running_loop()
+    try:
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=1), adapter=None)
+        loop.set_default_executor(ThreadPoolExecutor())  # threads torch has not seen yet
+        assert await loop.run_in_executor(None, torch.get_num_threads) == 1  # the hazard
+        data = [
+            art.Trajectory(
+                messages_and_choices=[
+                    {"role": "user", "content": "Say yes."},
+                    {"role": "assistant", "content": "Yes."},
+                ]
+            )
+        ] * 2
+        config = art.TrainSFTConfig(learning_rate=1e-5, batch_size=2)
+        async for _ in backend._train_sft(model, data, config):
+            pass
+    finally:
+        engine.close()
+        torch.set_num_threads(backend.threads)  # torch's default for later threads
+    assert seen == [backend.threads]

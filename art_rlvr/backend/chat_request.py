@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.backend.constrained import json_grammar, tool_call_grammar
 from art_rlvr.backend.engine import SamplingParams
+from art_rlvr.backend.request_shapes import Message, TemplateKwargs
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
@@ -66,7 +67,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
     n: int = Field(default=1, ge=1, le=128)
     temperature: float | None = Field(default=None, ge=0.0, le=10.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -85,7 +86,7 @@ class ChatRequest(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs = None
 
     @model_validator(mode="after")
     def _coherent(self) -> ChatRequest:

@@ -47,6 +47,8 @@ def write_checkpoint(model_dir: Path, step: int, write: Any) -> Path:
     """Call `write(tmp_folder)` then publish it as step `step`; returns the final folder."""
     final = checkpoint_dir(model_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(".tmp-*"):  # a save a kill interrupted (one writer a model)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:04d}-", dir=final.parent))
     try:
         write(tmp)

@@ -32,6 +32,7 @@ class Request:
     grammar: Any = None  # xgrammar.CompiledGrammar
     on_token: Callable[[TokenEvent], None] | None = None
     arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False  # set from the server's loop when its client went away
 
 
 @dataclass
@@ -145,6 +146,23 @@ def select(batch: Batch, keep: list[int]) -> None:
             if layer.keys is not None and layer.keys.numel():
                 layer.keys = layer.keys[..., first:, :]
                 layer.values = layer.values[..., first:, :]
+
+
+def drop_cancelled(batch: Batch) -> list[Request]:
+    """Remove the rows of cancelled requests (their logits too: they are dropped before the
+    batch samples); the requests that lost rows."""
+    keep = [i for i, r in enumerate(batch.rows) if not r.request.cancelled]
+    if len(keep) == len(batch.rows):
+        return []
+    gone = {id(r.request): r.request for r in batch.rows if r.request.cancelled}
+    for key in gone:
+        batch.remaining.pop(key, None)
+        batch.finished.pop(key, None)
+    logits = batch.logits
+    select(batch, keep)
+    if keep and logits is not None:
+        batch.logits = logits[torch.tensor(keep, device=logits.device)]
+    return list(gone.values())
 
 
 MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves

@@ -38,6 +38,7 @@ from art_rlvr.backend.decode_batch import (
     Batch,
     Request,
     Row,
+    drop_cancelled,
     finish,
     join,
     left_padded,
@@ -47,6 +48,7 @@ from art_rlvr.backend.decode_batch import (
 from art_rlvr.backend.engine_types import (
     Completion,
     ContextLengthError,
+    EngineClosed,
     EngineStats,
     SamplingParams,
     TokenEvent,
@@ -54,10 +56,12 @@ from art_rlvr.backend.engine_types import (
 )
 from art_rlvr.backend.malloc import release_free_memory
 from art_rlvr.backend.sampler import sample, sample_tokens
+from art_rlvr.backend.threads import ThreadTuner, set_threads, usable_cores
 
 __all__ = [
     "Completion",
     "ContextLengthError",
+    "EngineClosed",
     "GenerationEngine",
     "SamplingParams",
     "TokenEvent",
@@ -80,6 +84,8 @@ class GenerationEngine:
         seed: int = 0,
         max_context: int = 2048,
         batch_invariant: bool | None = None,
+        threads: int | None = None,
+        max_threads: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -99,9 +105,15 @@ class GenerationEngine:
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.grammars = Grammars(tokenizer, vocab_size, self.eos_ids)
         self._rng = random.Random(seed)  # the uniform draws of rows without a seed
+        # the engine thread's thread count: `threads`, or chosen by timing its steps (on CPU)
+        self.tuner = ThreadTuner(
+            threads or max_threads or usable_cores(),
+            fixed=threads is not None or self.device.type != "cpu",
+        )
         self._queue: queue.Queue[Request | None] = queue.Queue()
         self._pending: list[Request] = []
         self._draining = threading.Event()
+        self._closed = False
         self._thread = threading.Thread(target=self._worker, name="art-rlvr-engine", daemon=True)
         self._thread.start()
 
@@ -123,8 +135,12 @@ class GenerationEngine:
 
             loop.call_soon_threadsafe(settle)
 
-        await self._submit(prompt_ids, params, n, adapter, done, None)
-        return await future
+        request = await self._submit(prompt_ids, params, n, adapter, done, None)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancelled = True  # its rows leave the batch before the next step
+            raise
 
     async def stream(
         self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
@@ -137,14 +153,17 @@ class GenerationEngine:
         def push(item: TokenEvent | list[Completion] | BaseException) -> None:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
-        await self._submit(prompt_ids, params, n, adapter, push, push)
-        while True:
-            item = await items.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if isinstance(item, list):
-                return
+        request = await self._submit(prompt_ids, params, n, adapter, push, push)
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, list):
+                    return
+        finally:  # cancelled, closed or done: an abandoned stream stops generating
+            request.cancelled = True
 
     async def _submit(
         self,
@@ -154,7 +173,9 @@ class GenerationEngine:
         adapter: str | None,
         done: Callable[[list[Completion] | BaseException], None],
         on_token: Callable[[TokenEvent], None] | None,
-    ) -> None:
+    ) -> Request:
+        if self._closed:  # nothing would take it off the queue
+            raise EngineClosed("engine closed")
         if not prompt_ids:
             raise ValueError("empty prompt")
         if len(prompt_ids) + params.max_tokens > self.max_context:
@@ -167,9 +188,12 @@ class GenerationEngine:
             if params.grammar is not None
             else None
         )
-        self._queue.put(Request(adapter, list(prompt_ids), params, n, done, grammar, on_token))
+        request = Request(adapter, list(prompt_ids), params, n, done, grammar, on_token)
+        self._queue.put(request)
+        return request
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=30)
 
@@ -186,6 +210,9 @@ class GenerationEngine:
     # ---------------------------------------------------------------- worker
     def _worker(self) -> None:
         torch.set_grad_enabled(False)
+        with self.model_lock:
+            self.tuner.verify(self._probe_logits)
+        set_threads(self.tuner.current)
         batch: Batch | None = None
         while True:
             try:
@@ -196,7 +223,7 @@ class GenerationEngine:
                     self._pending.append(item)
                     self._coalesce()
                 elif not self._drain_queue():
-                    self._fail(batch, RuntimeError("engine closed"))
+                    self._fail(batch, EngineClosed("engine closed"))
                     return
                 if batch is None:
                     batch = self._open(self._pending[0].adapter)
@@ -209,8 +236,10 @@ class GenerationEngine:
                             for request in admitted:
                                 request.done(error)
                             raise
+                self.stats.cancelled_requests += len(drop_cancelled(batch))
                 if batch.rows:
-                    self._step(batch)
+                    self._timed_step(batch)
+                self.stats.running_rows = len(batch.rows)
                 if not batch.rows:
                     batch.stack.close()
                     batch = None
@@ -225,6 +254,7 @@ class GenerationEngine:
                         request.done(error)
                 self._fail(batch, error)
                 batch = None
+                self.stats.running_rows = 0
 
     def _coalesce(self) -> None:
         """Let a burst of requests arrive so they share the first prefill."""
@@ -254,7 +284,7 @@ class GenerationEngine:
         requests = {id(r.request): r.request for r in batch.rows} if batch else {}
         if batch is not None:
             batch.stack.close()
-        if isinstance(error, RuntimeError) and str(error) == "engine closed":
+        if isinstance(error, EngineClosed):
             requests |= {id(r): r for r in self._pending}
             self._pending.clear()
         for request in requests.values():
@@ -278,6 +308,7 @@ class GenerationEngine:
         A request for another adapter blocks younger ones, so it is served when the batch
         drains instead of waiting forever under constant load.
         """
+        self._pending = [r for r in self._pending if not r.cancelled]
         room = self.max_batch_rows - len(batch.rows)
         admitted: list[Request] = []
         rest: list[Request] = []
@@ -365,6 +396,40 @@ class GenerationEngine:
         cache.batch_select_indices(torch.zeros(rows, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()
+    def _probe_logits(self) -> torch.Tensor:
+        """A prefill of six left-padded prompts and one decode step on the engine's path: what
+        the tuner compares across thread counts."""
+        prompts = [[10 + (7 * i + 13 * j) % 500 for j in range(3 + 2 * i)] for i in range(6)]
+        ids, mask = left_padded(prompts, self.pad_id)
+        attention = torch.tensor(mask, device=self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        cache, rows = DynamicCache(), len(prompts)
+        common = {"past_key_values": cache, "use_cache": True, **self._flags}
+        first = self.model(
+            input_ids=torch.tensor(ids, device=self.device),
+            attention_mask=attention,
+            position_ids=positions,
+            logits_to_keep=1,
+            **common,
+        ).logits[:, -1]
+        following = self.model(
+            input_ids=first.argmax(-1)[:, None],
+            attention_mask=torch.cat([attention, attention.new_ones((rows, 1))], dim=1),
+            position_ids=positions[:, -1:] + 1,
+            **common,
+        ).logits[:, -1]
+        return torch.cat([first, following])
+
+    def _timed_step(self, batch: Batch) -> None:
+        """One step at the thread count the tuner picks, timed for it."""
+        threads, rows = self.tuner.threads_for_next_step(), len(batch.rows)
+        set_threads(threads)
+        started = time.perf_counter()
+        self._step(batch)
+        self.tuner.record(threads, rows, time.perf_counter() - started)
+        set_threads(self.tuner.current)  # what a prefill or the next batch starts with
+
+    @torch.inference_mode()
     def _step(self, batch: Batch) -> None:
         """Sample one token for every row, retire finished rows, run the model once."""
         assert batch.logits is not None and batch.attention is not None
@@ -373,9 +438,9 @@ class GenerationEngine:
         self.stats.completion_tokens += len(batch.rows)
         if len(keep) < len(batch.rows):
             select(batch, keep)
+            if not batch.rows:  # before indexing with an empty (float) tensor, which raises
+                return
             chosen = chosen[torch.tensor(keep, device=chosen.device)]
-        if not batch.rows:
-            return
         assert batch.attention is not None and batch.next_pos is not None
         batch.attention = torch.cat(
             [batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1

@@ -52,10 +52,17 @@ class EngineStats:
     prompt_tokens: int = 0
     max_batch_rows: int = 0
     prefix_tokens_saved: int = 0  # prompt tokens not recomputed thanks to a shared prefix
+    running_rows: int = 0  # rows in the batch after the last step
+    cancelled_requests: int = 0  # requests whose rows left the batch unfinished (client gone)
 
 
 class ContextLengthError(ValueError):
     """The request cannot fit in the model's context window."""
+
+
+class EngineClosed(RuntimeError):
+    """The engine has stopped (its backend is closing): a request still waiting, or one that
+    arrives now, fails with this; the server answers it with a 503, not a traceback."""
 
 
 def eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:

@@ -79,6 +79,37 @@ def resolve_base_model(base_model: str) -> str:
     return base_model  # a hub id; transformers fetches it when the hub is reachable
 
 
+def base_model_problem(base_model: str) -> str | None:
+    """Why `base_model` cannot load, found without loading anything: an embedded name not
+    shipped, a path that is not a model folder, or (with `HF_HUB_OFFLINE` set) a hub id not in
+    the local cache. None when it may load; whether the hub has an id is known only by asking."""
+    if base_model.startswith("embedded:"):
+        if base_model.removeprefix("embedded:") in _EMBEDDED_GGUF:
+            return None
+        return f"base_model={base_model}: no such embedded model; known: {DEFAULT_BASE_MODEL}"
+    path = Path(base_model).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        return (
+            f"base_model={base_model}: {path} has no config.json: not a Hugging Face model folder"
+        )
+    if path.exists() or base_model.startswith(("/", ".", "~")) or base_model.count("/") > 1:
+        return (
+            f"base_model={base_model}: no such folder (give a Hugging Face model folder, a hub "
+            f"id such as org/name, or {DEFAULT_BASE_MODEL})"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(base_model, "config.json")
+    except ValueError as error:  # huggingface_hub's HFValidationError: not a well-formed id
+        return f"base_model={base_model}: neither a folder nor a hub id ({error})"
+    if constants.HF_HUB_OFFLINE and not isinstance(cached, str):
+        return f"base_model={base_model}: not in the Hugging Face cache, and HF_HUB_OFFLINE is set"
+    return None
+
+
 def declares_chat_template(base_model: str) -> bool | None:
     """Whether the base model's tokenizer files carry a chat template, read from the folder
     without loading anything (None: a hub id, not known before it is fetched). The embedded

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import jinja2
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -41,7 +42,13 @@ from pydantic import ValidationError
 
 from art_rlvr.backend.chat import parse_tool_calls, scan
 from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
-from art_rlvr.backend.engine import Completion, ContextLengthError, SamplingParams, TokenEvent
+from art_rlvr.backend.engine import (
+    Completion,
+    ContextLengthError,
+    EngineClosed,
+    SamplingParams,
+    TokenEvent,
+)
 from art_rlvr.backend.served import ServedLog
 
 
@@ -59,6 +66,23 @@ class Route:
     decode: Callable[[list[int]], str]
     decode_token: Callable[[int], str]
     served: ServedLog | None = None  # where what this route returns is recorded
+    policy: str | None = None  # "name@step" of the exact adapter serving (None: a base model)
+
+
+def policy_spans(policy: str | None, prompt_len: int, completion_len: int) -> dict[str, Any]:
+    """ART's per-choice policy provenance (`policy_token_spans`, `prompt_policy_token_spans`):
+    every token of a completion comes from one immutable step adapter, so one span covers it.
+    ART's PipelineTrainer refuses an evaluation whose Choices lack them."""
+    if policy is None or completion_len <= 0:
+        return {}
+    step = int(policy.rpartition("@")[2])
+    span = {"generation_id": policy, "policy_version": step, "lora_slot": policy}
+    span |= {"update_seq": step}
+    prompt = [{"start_token": 1, "end_token": prompt_len, **span}] if prompt_len > 1 else []
+    return {
+        "prompt_policy_token_spans": prompt,
+        "policy_token_spans": [{"start_token": 0, "end_token": completion_len, **span}],
+    }
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -117,13 +141,19 @@ def build_app(
                 events = route.stream(prompt_ids, sampling, req.n)
                 first = await anext(events)
             else:
-                completions = await route.generate(prompt_ids, sampling, req.n)
+                completions = await _unless_disconnected(
+                    request, route.generate(prompt_ids, sampling, req.n)
+                )
+                if completions is None:  # nobody to answer; the engine dropped its rows
+                    return _error(499, "client closed the request")
         except ModelNotFound as error:
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
             return _error(400, str(error))
-        except (ValueError, TypeError, KeyError) as error:
-            return _error(400, f"bad request: {error}")
+        except EngineClosed:  # the backend is closing (a run's Ctrl-C): an answer, no traceback
+            return _error(503, "the server is shutting down", "server_error")
+        except (ValueError, TypeError, KeyError, jinja2.TemplateError) as error:
+            return _error(400, f"bad request: {error}")  # the model's template may raise too
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(
@@ -132,11 +162,29 @@ def build_app(
                 headers={"Cache-Control": "no-cache"},
             )
         _record(route, req, response_id, prompt_ids, completions)
-        return JSONResponse(
-            _response(req, response_id, prompt_ids, completions, route.decode_token)
-        )
+        return JSONResponse(_response(req, response_id, prompt_ids, completions, route))
 
     return app
+
+
+async def _unless_disconnected(
+    request: Request, work: Awaitable[list[Completion]]
+) -> list[Completion] | None:
+    """`work`'s result, or None once the client has gone (then `work` is cancelled, so the
+    engine frees its rows at its next step, as a closed stream does)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task in done else None
 
 
 def _token_label(req: ChatRequest, decode_token: Callable[[int], str], token: int) -> str:
@@ -215,8 +263,9 @@ def _response(
     response_id: str,
     prompt_ids: list[int],
     completions: list[Completion],
-    decode_token: Callable[[int], str],
+    route: Route,
 ) -> dict[str, Any]:
+    decode_token = route.decode_token
     choices = []
     for index, c in enumerate(completions):
         message, finish_reason = _message(req, c)
@@ -230,6 +279,7 @@ def _response(
         }
         if req.return_token_ids:
             choice["token_ids"] = c.token_ids
+            choice |= policy_spans(route.policy, len(prompt_ids), len(c.token_ids))
         choices.append(choice)
     payload: dict[str, Any] = {
         "id": response_id,
@@ -316,7 +366,11 @@ async def _sse(
                     for delta in streams[index].deltas(completion.text, final=True):
                         yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
                     _, finish_reason = _message(req, completion)
-                    yield chunk([{"index": index, "delta": {}, "finish_reason": finish_reason}])
+                    last = {"index": index, "delta": {}, "finish_reason": finish_reason}
+                    if req.return_token_ids:  # provenance of every token sent, at the end
+                        sent = len(streams[index].tokens)
+                        last |= policy_spans(route.policy, len(prompt_ids), sent)
+                    yield chunk([last])
                 if req.stream_options is not None and req.stream_options.include_usage:
                     yield chunk([], usage=_usage(prompt_ids, item))
                 _record(route, req, response_id, prompt_ids, item)
@@ -341,6 +395,8 @@ async def _sse(
     except Exception as error:  # the stream has started: report in-band, as OpenAI does
         message = f"generation failed: {type(error).__name__}: {error}"
         yield f"data: {json.dumps({'error': {'message': message, 'type': 'server_error'}})}\n\n"
+    finally:  # a client gone mid-stream: close the engine's stream, which frees its rows
+        await events.aclose()
     yield "data: [DONE]\n\n"
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Trainee, exclusive
+from art_rlvr.core import Loss
 
 
 class RLSettings(BaseModel):
@@ -21,7 +22,7 @@ class RLSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     learning_rate: float
-    loss_fn: T.LossFn
+    loss_fn: Loss
     epsilon: float
     epsilon_high: float
     kl_coef: float

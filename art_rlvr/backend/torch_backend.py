@@ -17,11 +17,12 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import art
 import torch
 from art.adapter_leases import pin_inference_target, pinned_inference_name, pinned_inference_step
+from art.serving_capabilities import ServingCapabilities
 
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend import checkpoints as ckpt
@@ -37,10 +38,17 @@ from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memo
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
+from art_rlvr.backend.threads import in_threads, usable_cores
+from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
+
+
+SERVING = ServingCapabilities(
+    runtime="openai_compatible", protocol_version=0, policy_token_spans=True
+)
 
 
 class TorchBackend:
@@ -77,6 +85,9 @@ class TorchBackend:
         self.max_step_adapters = max_step_adapters
         # None: on CPU, where it makes seeded runs repeat (backend/invariant.py); False: faster
         self.batch_invariant = batch_invariant
+        # the process's thread count, read before any engine sets its own (torch hands the
+        # last count set to new threads): the trainer's, and the most the engines use
+        self.threads = usable_cores()
         self._bases: dict[str, _Base] = {}
         self._trainees: dict[str, Trainee] = {}
         self._api_key = new_api_key()
@@ -128,6 +139,9 @@ class TorchBackend:
                 )
             )
             log.info("TorchBackend serving on %s", self._server.base_url)
+        # as ART's LocalBackend does: its client then asks for, and checks, the policy spans
+        # the server attaches to every choice (PipelineTrainer's evaluation requires them)
+        object.__setattr__(model, "_serving_capabilities", SERVING)
         return self._server.base_url, self._api_key
 
     def _model_inference_name(self, model: art.Model, step: int | None = None) -> str:
@@ -169,13 +183,15 @@ class TorchBackend:
                 yield
 
     async def close(self) -> None:
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
+        # engines first: requests still generating fail at once (the server answers them 503),
+        # so the server's shutdown has nothing to wait for (a run's Ctrl-C stops in seconds)
         for base in self._bases.values():
             if base.engine is not None:
                 await asyncio.to_thread(base.engine.close)
                 base.engine = None
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+            self._server = None
 
     async def __aenter__(self) -> TorchBackend:
         return self
@@ -190,7 +206,7 @@ class TorchBackend:
         trajectory_groups: Iterable[art.TrajectoryGroup],
         *,
         learning_rate: float = 5e-6,
-        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        loss_fn: Loss = "cispo",
         loss_fn_config: dict | None = None,
         kl_penalty_coef: float = 0.0,
         epsilon: float | None = None,
@@ -253,7 +269,9 @@ class TorchBackend:
         samples, stats = T.samples_from_groups(
             groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
-        metrics = await asyncio.to_thread(S.rl_step, trainee, samples, settings)
+        metrics = await asyncio.to_thread(
+            in_threads, self.threads, S.rl_step, trainee, samples, settings
+        )
         metrics |= {
             "groups_used": stats.used,
             "groups_skipped": stats.skipped,
@@ -296,8 +314,9 @@ class TorchBackend:
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
             metrics = await asyncio.to_thread(
-                S.sft_step, trainee, batch, float(rate), self.microbatch_size
-            )
+                in_threads, self.threads, S.sft_step, trainee, batch, float(rate),
+                self.microbatch_size,
+            )  # fmt: skip
             yield metrics | counts.metrics()  # the step's totals: ART averages over batches
         await asyncio.to_thread(A.advance, trainee, optimizer_state=True)
         await asyncio.to_thread(release_free_memory)
@@ -351,6 +370,7 @@ class TorchBackend:
             seed=self.seed,
             max_context=self.max_context,
             batch_invariant=self.batch_invariant,
+            max_threads=self.threads,
         )
 
     def _step_adapter(self, trainee: Trainee, step: int) -> str:
@@ -372,13 +392,20 @@ class TorchBackend:
                 trainee.tokenizer,
                 lambda: self._step_adapter(trainee, step),
                 trainee.served,
+                policy=f"{model_name}@{step}",
             )
         if name in self._bases:
-            return self._route(self._bases[name], self._bases[name].tokenizer, lambda: None)
+            base = self._bases[name]  # the weights every trainee starts from: policy 0
+            return self._route(base, base.tokenizer, lambda: None, policy=f"{name}@0")
         raise ModelNotFound(f"model {name!r} is not served here; available: {self._served_names()}")
 
     def _route(
-        self, base: _Base, tokenizer: Any, adapter_for: Any, served: ServedLog | None = None
+        self,
+        base: _Base,
+        tokenizer: Any,
+        adapter_for: Any,
+        served: ServedLog | None = None,
+        policy: str | None = None,
     ) -> Route:
         engine = base.engine
         assert engine is not None
@@ -402,4 +429,5 @@ class TorchBackend:
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             decode_token=lambda t: tokenizer.decode([t]),
             served=served,
+            policy=policy,
         )

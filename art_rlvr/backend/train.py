@@ -20,7 +20,6 @@ from transformers import DynamicCache
 from art_rlvr.backend.train_data import (
     AssistantTurns,
     GroupStats,
-    LossFn,
     Sample,
     SFTSample,
     TrainingDataError,
@@ -42,11 +41,11 @@ from art_rlvr.backend.train_data import (
     sft_samples,
     trajectory_samples,
 )
+from art_rlvr.core import Loss
 
 __all__ = [
     "AssistantTurns",
     "GroupStats",
-    "LossFn",
     "SFTSample",
     "Sample",
     "TrainingDataError",
@@ -172,7 +171,7 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    loss_fn: LossFn,
+    loss_fn: Loss,
     epsilon: float,
     epsilon_high: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:

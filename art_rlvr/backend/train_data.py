@@ -36,7 +36,6 @@ from openai.types.chat.chat_completion import Choice
 from art_rlvr.backend.chat import render_ids
 from art_rlvr.backend.served import ServedLog, ServedTurn
 
-LossFn = Literal["cispo", "ppo"]
 AssistantTurns = Literal["all", "last"]
 
 

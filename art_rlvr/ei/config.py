@@ -6,11 +6,15 @@ import pydantic and `art_rlvr.llm` (which imports litellm lazily) but nothing he
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.llm_settings import LLMRole, flat_role_aliases, renamed
+from art_rlvr.scenario import tool_choice_problem
+
+if TYPE_CHECKING:
+    from art_rlvr.scenario import Task
 
 TEACHER_DEFAULTS = {"max_tokens": 256}  # a hint is short
 
@@ -117,3 +121,21 @@ class EIConfig(BaseModel):
     def expert_samples_per_x(self) -> int:
         """The old name of `group_size`, for code written against it."""
         return self.group_size
+
+
+def start_problem(config: EIConfig, task: Task) -> str | None:
+    """Why expert iteration cannot run on `task` (an empty train split, a teacher without the
+    gold answer field, a search tool_choice the scenario has no tool for), or None. Pure and
+    light: the CLI asks before any model loads, the loop again when it starts."""
+    train = task.splits["train"]
+    if not train:
+        return f"scenario {task.name} has an empty train split; EI needs one"
+    if config.enable_teacher_hints and config.answer_field not in train[0].x:
+        return (
+            f"answer_field={config.answer_field!r} is not a field of {task.name} records "
+            f"(fields: {', '.join(sorted(train[0].x))}); the teacher needs the gold answer"
+        )
+    tools = task.environment.tools if task.environment is not None else ()
+    if problem := tool_choice_problem(config.search_tool_choice, tools):
+        return f"ei.search_tool_choice: {problem} (scenario {task.name})"
+    return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.environments.base import Environment, Messages, Record, Reply, assistant_texts
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Messages, Record, Reply, Score
+from art_rlvr.environments.base import Environment, assistant_texts
 from art_rlvr.rewards.numeric import NumericReward
 
 

@@ -10,34 +10,16 @@ raise ends that episode with zero reward and the reason in its logs, never the r
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.rewards.base import Record, Score
+from art_rlvr.core import Messages, Record, Reply, Score
+from art_rlvr.text import did_you_mean
 
-Messages = Sequence[Mapping[str, Any]]
 Respond = Callable[[Record, Messages], "Reply | str | Awaitable[Reply | str | None] | None"]
 EpisodeReward = Callable[[Record, Messages], Score | Awaitable[Score]]
-
-
-class Reply(BaseModel):
-    """The environment's answer to an assistant turn: messages to append (feedback, the
-    opponent's move), whether the episode is over, per-turn counts (summed over the episode:
-    `illegal_actions`, say) and a line for the trajectory's logs."""
-
-    model_config = ConfigDict(frozen=True)
-
-    messages: tuple[dict[str, Any], ...] = ()
-    done: bool = False
-    metrics: dict[str, float] = Field(default_factory=dict)
-    log: str | None = None
-
-    @classmethod
-    def say(cls, text: str, **fields: Any) -> Reply:
-        """One user message."""
-        return cls(messages=({"role": "user", "content": text},), **fields)
 
 
 class Environment(BaseModel):
@@ -82,7 +64,8 @@ def build_environment(
         factory = registry[name]
     else:
         raise EnvironmentConfigError(
-            f"unknown environment {name!r}; built-in: {sorted(registry)} (or 'module:function')"
+            f"unknown environment {name!r}{did_you_mean(name, registry)}; built-in: "
+            f"{', '.join(sorted(registry))} (or 'module:function')"
         )
     try:
         built = factory(**params)

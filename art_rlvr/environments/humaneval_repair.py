@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.environments.base import Environment, Messages, Record, Reply, assistant_texts
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Messages, Record, Reply, Score
+from art_rlvr.environments.base import Environment, assistant_texts
 from art_rlvr.rewards.code import CodeReward
 from art_rlvr.rewards.sandbox import sandbox_unavailable_reason
 from art_rlvr.text import excerpt

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from art_rlvr.environments.base import Environment, Messages, Record, assistant_texts
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Messages, Record, Score
+from art_rlvr.environments.base import Environment, assistant_texts
 from art_rlvr.rewards.qa import QAReward
 
 SHIPPED_CORPUS = "qa_search_corpus.jsonl"

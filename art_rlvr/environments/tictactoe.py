@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.environments.base import Environment, Messages, Record, Reply, assistant_texts
-from art_rlvr.rewards.base import Score
+from art_rlvr.core import Messages, Record, Reply, Score
+from art_rlvr.environments.base import Environment, assistant_texts
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 Board = tuple[str, ...]  # nine cells: "X", "O" or ""

@@ -59,6 +59,7 @@ def rollout_trace(trajectory: art.Trajectory) -> RolloutTrace:
     return RolloutTrace(
         output=completion_text(trajectory),
         reward=outcome.reward,
+        correct=outcome.correct,
         feedback=outcome.feedback,
         truncated=bool(outcome.metrics.get("truncated", 0.0)),
         episode=tuple(split_episode(trajectory)[1]),

@@ -24,9 +24,15 @@ class RolloutTrace(BaseModel):
 
     output: str
     reward: float
+    correct: bool | None = None  # `outcome.is_correct`; None in journals written before it
     feedback: str = ""
     truncated: bool = False
     episode: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def solved(self) -> bool:
+        """The one rule (`outcome.is_correct`); a full reward for journals without it."""
+        return self.correct if self.correct is not None else self.reward >= 1.0
 
 
 class ScenarioEval(BaseModel):
@@ -46,7 +52,7 @@ class ScenarioEval(BaseModel):
 
     @property
     def perfect(self) -> bool:
-        return bool(self.rollouts) and all(r.reward >= 1.0 for r in self.rollouts)
+        return bool(self.rollouts) and all(r.solved for r in self.rollouts)
 
 
 class Candidate(BaseModel):

@@ -40,6 +40,27 @@ def choose_seed_prompt(
     return next((p for p in (given, gepa, run) if p is not None), task_default)
 
 
+def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | None:
+    """Why GEPA cannot start on `task` from `seed_prompt` (too few train records for the Pareto
+    set, a seed over the prompt limit, a budget that cannot even score the seed), or None. The
+    CLI asks before any model loads; the optimizer checks the same limits when it starts."""
+    train = len(task.splits["train"])
+    if train <= config.pareto_size:
+        return (
+            f"the train split has {train} scenarios; GEPA needs more than pareto_size="
+            f"{config.pareto_size} (the rest feed the reflection minibatches)"
+        )
+    if len(seed_prompt) > config.max_prompt_chars:
+        return f"the seed prompt is over max_prompt_chars={config.max_prompt_chars}"
+    need = config.evaluation_cost(config.pareto_size)
+    if need > config.max_metric_calls:
+        return (
+            f"max_metric_calls={config.max_metric_calls} cannot even score the seed prompt on "
+            f"the Pareto set ({need} calls: pareto_size x group_size)"
+        )
+    return None
+
+
 def split_train(
     train: Sequence[Scenario], pareto_size: int, seed: int
 ) -> tuple[list[Scenario], list[Scenario]]:

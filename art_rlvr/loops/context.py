@@ -10,7 +10,7 @@ import resource
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from art_rlvr.evaluation import EvalReport, SampledReport, evaluate
 from art_rlvr.mixture import Mixture
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.outcome import is_correct
-from art_rlvr.records import EvalEvent
+from art_rlvr.records import EvalEvent, episode_means
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.runfiles import RunFiles
 from art_rlvr.scenario import Scenario, Task
@@ -56,19 +56,13 @@ def clocks(ctx: RunContext) -> dict[str, float]:
 
 
 def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
-    """Reward stats and the all-correct / all-wrong / mixed split that says where signal is."""
+    """Reward stats and the all-correct / all-wrong / mixed split (by `is_correct`, the one
+    rule: a retry solved on its second try is correct at reward 0.5) that says where signal is."""
     rewards = [t.reward for g in groups for t in g.trajectories]
     if not rewards:
         return {"trajectories": 0.0}
-    kinds = [
-        "all_correct"
-        if all(t.reward >= 1 for t in g.trajectories)
-        else "all_wrong"
-        if all(t.reward <= 0 for t in g.trajectories)
-        else "mixed"
-        for g in groups
-        if g.trajectories
-    ]
+    verdicts = [[is_correct(t) for t in g.trajectories] for g in groups if g.trajectories]
+    kinds = ["all_correct" if all(v) else "all_wrong" if not any(v) else "mixed" for v in verdicts]
     trajectories = [t for g in groups for t in g.trajectories]
     return {
         "reward_mean": statistics.fmean(rewards),
@@ -85,20 +79,6 @@ def group_metrics(groups: Sequence[art.TrajectoryGroup]) -> dict[str, float]:
         "groups": float(len(kinds)),
         **episode_means(t.metrics for t in trajectories),
     }
-
-
-EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "illegal_actions", "turn_cap_hit")
-
-
-def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Means over episodes of the multi-turn counts (`turns_per_episode`, ...), each over the
-    episodes that report it: none for single-turn rollouts, whose records stay as they were."""
-    rows = list(metrics)
-    found = {
-        key: [float(v) for m in rows if isinstance(v := m.get(key), int | float)]
-        for key in EPISODE_COUNTS
-    }
-    return {f"{key}_per_episode": statistics.fmean(v) for key, v in found.items() if v}
 
 
 def peak_rss_mb() -> float:
@@ -140,7 +120,7 @@ def eval_event(
         step=step,
         accuracy=statistics.fmean(scenarios.values()) if scenarios else pooled,
         reward_mean=report.mean_reward,
-        format=report.format_rate,
+        format=report.format_rate or 0.0,
         tokens_per_completion=report.mean_completion_tokens,
         errors=report.errors,
         first_error=report.first_error,
@@ -187,7 +167,10 @@ async def run_eval(
     log.info("step %d %s%s", step, report.line(), scenario_line(event.by_scenario))
     ctx.files.append_event(event)
     ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
-    await ctx.model.log(report.groups, split=split, step=step)  # ART's history (and W&B if set)
+    # ART's history (and W&B if set), once per evaluation however often a kill makes it redone
+    await ctx.files.log_once(
+        ctx.model, f"{split}/{step}{tag}", report.groups, split=split, step=step
+    )
     return report
 
 

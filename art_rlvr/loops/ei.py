@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from art_rlvr import text
-from art_rlvr.ei.config import EIConfig
+from art_rlvr.ei.config import EIConfig, start_problem
 from art_rlvr.ei.expert import collect_round, distill_round
 from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
@@ -30,7 +30,6 @@ from art_rlvr.llm import LLMClient, LLMCounters
 from art_rlvr.loops.context import RunContext, clocks, eval_due, run_eval
 from art_rlvr.records import EIRoundEvent
 from art_rlvr.runfiles import StateFileError
-from art_rlvr.scenario import tool_choice_problem
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +69,9 @@ def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> 
 
 
 def check_records(ctx: RunContext, config: EIConfig) -> None:
-    """Refuse a teacher run whose records lack the answer field, or a search tool_choice the
-    scenario cannot take, before anything is spent."""
-    train = ctx.task.splits["train"]
-    if not train:
-        raise ValueError(f"scenario {ctx.task.name} has an empty train split; EI needs one")
-    if config.enable_teacher_hints and config.answer_field not in train[0].x:
-        raise ValueError(
-            f"answer_field={config.answer_field!r} is not a field of {ctx.task.name} records "
-            f"(fields: {', '.join(sorted(train[0].x))}); the teacher needs the gold answer"
-        )
-    tools = ctx.task.environment.tools if ctx.task.environment is not None else ()
-    if problem := tool_choice_problem(config.search_tool_choice, tools):
-        raise ValueError(f"ei.search_tool_choice: {problem} (scenario {ctx.task.name})")
+    """Refuse what EI cannot run on before anything is spent (the CLI asked already)."""
+    if problem := start_problem(config, ctx.task):
+        raise ValueError(problem)
 
 
 def load_state(ctx: RunContext, fp: str, step: int) -> EIState:

@@ -127,7 +127,9 @@ async def train_until[S: TrainState](
         step = result.step
         seconds = time.monotonic() - began
         state = record_step(ctx, state, step, stats, result.metrics, seconds)
-        await ctx.model.log(groups, metrics=result.metrics, step=step, split="train")
+        await ctx.files.log_once(
+            ctx.model, f"train/{step}", groups, metrics=result.metrics, step=step, split="train"
+        )
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
             "loss %.4f %.1fs, ETA %s",
@@ -158,17 +160,15 @@ def record_step[S: TrainState](
 ) -> S:
     """Book a finished step: its metrics line (once), its trajectories, then the state without
     the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
-    booked = any(isinstance(e, TrainEvent) and e.step == step for e in ctx.files.events())
-    if not booked:
-        ctx.files.append_event(
-            TrainEvent(
-                step=step,
-                **stats,
-                **{f"train/{k}": v for k, v in train_metrics.items()},
-                seconds=seconds,
-                **clocks(ctx),
-            )
+    ctx.files.append_event(  # once: a step booked before a kill is not booked again
+        TrainEvent(
+            step=step,
+            **stats,
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+            seconds=seconds,
+            **clocks(ctx),
         )
+    )
     pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
     if pending.exists():
         pending.replace(pending.with_name(f"train_{step:04d}.jsonl"))

@@ -2,14 +2,17 @@
 
 `setup_weave(project)` calls `weave.init` only when a project is named, credentials exist and
 the trace server answers; otherwise it says once why tracing is off and the run goes on
-unchanged. The ops themselves (`art_rlvr.rollout`, `.episode`, `.turn`, `.tool`, `.env`,
-`.score`, `.evaluate`, `.rl_step`, `.llm`, `.gepa.iteration`, `.ei.hint`, `.ei.round`) are
-declared where the work happens, with the `*_inputs` / `*_output` functions choosing what a
-trace shows: ids, prompt hashes, rewards and feedback rather than model objects, whole
-datasets or an API key. An episode's turns, tool calls and environment answers nest under it,
-so Weave shows the whole episode as a tree. The trainable
-model's own HTTP client is left untraced by ART (its proxy suppresses weave), so a rollout is
-one call, not two.
+unchanged. `setup_weave(project, offline=True)` needs neither: weave records every call into
+its own write-ahead log on disk (`offline.py`), and `python -m art_rlvr.observe.upload`
+sends them to W&B later.
+
+The ops themselves (`art_rlvr.rollout`, `.episode`, `.turn`, `.tool`, `.env`, `.score`,
+`.evaluate`, `.rl_step`, `.llm`, `.gepa.iteration`, `.ei.hint`, `.ei.round`) are declared where
+the work happens, with the `*_inputs` / `*_output` functions choosing what a trace shows: ids,
+prompt hashes, rewards and feedback rather than model objects, whole datasets or an API key.
+An episode's turns, tool calls and environment answers nest under it, so Weave shows the whole
+episode as a tree. The trainable model's own HTTP client is left untraced by ART (its proxy
+suppresses weave), so a rollout is one call, not two.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     return None
 
 
-def setup_weave(project: str | None) -> bool:
-    """Start tracing to `project` ("entity/project") if it can be done; True when on.
+def setup_weave(project: str | None, *, offline: bool = False) -> bool:
+    """Start tracing to `project` ("entity/project") if it can be done; True when on. With
+    `offline`, record to disk with no W&B key or server (upload later).
 
     Never raises for an environment problem: tracing is an aid, and a multi-hour run must not
     die (or hang on a login prompt) because W&B is unreachable."""
@@ -70,6 +74,10 @@ def setup_weave(project: str | None) -> bool:
         log.info("weave tracing: off (set weave_project=<entity/project> to trace this run)")
         return False
     os.environ.pop("WEAVE_DISABLED", None)  # the CLI sets it so that imports stay quiet
+    if offline:
+        from art_rlvr.observe.offline import record_offline
+
+        return record_offline(project)
     if not weave_credentials_present():
         log.warning(
             "weave tracing: off: weave_project=%s but no W&B key (WANDB_API_KEY or ~/.netrc)",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from art_rlvr.loops.context import episode_means
-from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
+from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent, episode_means
 from art_rlvr.report import plots
-from art_rlvr.report.data import RunData, load_run, read_trajectories
+from art_rlvr.report.data import RunData, load_run
 from art_rlvr.report.page import document
 
 
@@ -32,7 +31,7 @@ def val_episode_means(run: RunData) -> list[tuple[int, dict[str, float]]]:
     """Each val evaluation's multi-turn means, from its trajectory file (an evaluation's
     metrics line carries accuracy, not episode counts)."""
     files = [f for f in run.trajectory_files if f.kind == "val" and f.index is not None]
-    means = [(f.index, episode_means(t.metrics for t in read_trajectories(f.path))) for f in files]
+    means = [(f.index, episode_means(t.metrics for t in run.trajectories(f))) for f in files]
     return [(step, m) for step, m in means if m]
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from art_rlvr.outcome import correct_from
+from art_rlvr.core import correct_from
 from art_rlvr.records import (
     AlarmEvent,
     Event,
@@ -111,6 +112,15 @@ class TrajectoryFile:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """One stored rollout and where it was recorded (its file: split or kind, step, tag)."""
+
+    file: TrajectoryFile
+    position: int
+    trajectory: Trajectory
+
+
+@dataclass(frozen=True)
 class Alarm:
     kind: str
     step: int | None
@@ -171,6 +181,23 @@ class RunData:
     def step_unit(self) -> str:
         """EI runs count evaluations and trajectory files by round, the others by step."""
         return "round" if self.mode == "ei" else "step"
+
+    @cached_property
+    def _stored(self) -> dict[Path, list[Trajectory]]:
+        return {f.path: read_trajectories(f.path) for f in self.trajectory_files}
+
+    def trajectories(self, f: TrajectoryFile) -> list[Trajectory]:
+        """The rollouts stored in one trajectory file (each file is read once)."""
+        return self._stored[f.path]
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        """Every stored rollout of the run, file by file in `trajectory_files` order."""
+        return [
+            Rollout(f, n, t)
+            for f in self.trajectory_files
+            for n, t in enumerate(self.trajectories(f))
+        ]
 
     def events[E: Event](self, kind: type[E]) -> list[E]:
         return [r for r in self.metrics if isinstance(r, kind)]
@@ -292,7 +319,8 @@ def trajectory_files(folder: Path) -> list[TrajectoryFile]:
 
 
 def read_trajectories(path: Path) -> list[Trajectory]:
-    """The rows of one trajectory file; a line that does not parse is skipped."""
+    """The rows of one trajectory file; a line that does not parse is skipped. The one reader
+    of the stored trajectory format: everything in the report goes through it."""
     rows = []
     for line in path.read_text(errors="replace").splitlines():
         try:

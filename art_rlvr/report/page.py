@@ -1,14 +1,17 @@
-"""The report page: one self-contained HTML document (inline CSS, PNGs as data URIs, no
-script), so the single file still works when mailed or attached to an issue."""
+"""The report page: one self-contained HTML document (inline CSS, PNGs as data URIs, the
+trajectory browser's data and script inline; nothing is fetched), so the single file still
+works offline, mailed or attached to an issue."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 from art_rlvr.config import MODE_TITLES
 from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
+from art_rlvr.report.browser import browser_section
 from art_rlvr.report.data import RunData
 from art_rlvr.report.markup import details, duration, esc, num, pre, section, table
 from art_rlvr.report.prompts import prompt_section
@@ -210,22 +213,26 @@ def ei_section(run: RunData) -> str:
     return section("ei", "Expert iteration per round", table(["counter", *labels], rows, "ei"))
 
 
+def contents(sections: list[str]) -> str:
+    """A line of links to the page's sections (the browser sits at the bottom of a long page)."""
+    found = [re.match(r'<section id="([^"]+)"[^>]*><h2>([^<]+)</h2>', s) for s in sections]
+    links = [f'<a href="#{m[1]}">{m[2]}</a>' for m in found if m]
+    return f'<nav class="small">{" &middot; ".join(links)}</nav>' if links else ""
+
+
 def document(run: RunData, images: dict[str, bytes]) -> str:
     """The whole page."""
-    body = "".join(
-        [
-            header(run),
-            alarm_box(run),
-            notes_box(run),
-            summary_section(run),
-            config_section(run),
-            figures_section(images),
-            evals_section(run),
-            prompt_section(run, system_prompt(run)),
-            ei_section(run),
-            trajectory_section(run),
-        ]
-    )
+    sections = [
+        summary_section(run),
+        config_section(run),
+        figures_section(images),
+        evals_section(run),
+        prompt_section(run, system_prompt(run)),
+        ei_section(run),
+        trajectory_section(run),
+        browser_section(run),
+    ]
+    body = header(run) + contents(sections) + alarm_box(run) + notes_box(run) + "".join(sections)
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>run report: {esc(run.name)}</title><style>{CSS}</style></head>"

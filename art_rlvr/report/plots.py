@@ -48,6 +48,24 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _rendered(fig: Figure | None) -> bytes | None:
+    """The PNG of a figure; the `*_figure` functions leave the axes to read (the tests do)."""
+    return None if fig is None else _png(fig)
+
+
+def _step_axis(ax: Any, xs: Sequence[float]) -> None:
+    """Steps and rounds are whole numbers: integer ticks only, and a run with one step (an
+    evaluation) gets a readable axis around it instead of ticks from -0.045 to 0.045."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if xs and min(xs) == max(xs):
+        ax.set_xlim(min(xs) - 1, max(xs) + 1)
+        ax.set_xticks([min(xs)])
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) < 1e-9 for x, y in zip(a, b, strict=True))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -72,6 +90,15 @@ def curves(
     ei_rounds: Sequence[EIRoundEvent],
     unit: str,
 ) -> bytes | None:
+    return _rendered(curves_figure(train, evals, ei_rounds, unit))
+
+
+def curves_figure(
+    train: Sequence[TrainEvent],
+    evals: Sequence[EvalEvent],
+    ei_rounds: Sequence[EIRoundEvent],
+    unit: str,
+) -> Figure | None:
     """Train reward / accuracy per step and val / test accuracy per evaluation. Evaluations
     keep their order: a GEPA+RL run evaluates twice at one step (before and after a prompt
     change), which shows as a vertical segment; tagged points are labelled with their phase."""
@@ -80,19 +107,26 @@ def curves(
     if not (train or val or test or ei_rounds):
         return None
     fig, ax = _figure()
-    xs, ys = _series(train, "reward_mean")
-    if xs:
-        ax.plot(xs, ys, color=ORANGE, alpha=0.6, lw=3, label="train reward")
-    xs, ys = _series(train, "accuracy")
-    if xs:
-        ax.plot(xs, ys, color=BLUE, lw=1.2, label="train accuracy")
+    steps: list[float] = []
+    xs, reward = _series(train, "reward_mean")
+    acc_xs, accuracy = _series(train, "accuracy")
+    if xs and acc_xs == xs and _same(reward, accuracy):  # a 0/1 reward: one line, said so
+        ax.plot(xs, reward, color=ORANGE, lw=2.5, label="train reward (= accuracy)")
+    else:
+        if xs:
+            ax.plot(xs, reward, color=ORANGE, lw=2.5, label="train reward")
+        if acc_xs:
+            ax.plot(acc_xs, accuracy, "--", color=BLUE, lw=1.5, label="train accuracy")
+    steps += xs + acc_xs
     xs, ys = _series(ei_rounds, "clean_accuracy", "round" if unit == "round" else "step")
     if xs:
         ax.plot(xs, ys, "s--", color=GREY, ms=4, label="EI clean-attempt accuracy")
+    steps += xs
     points = val
     if points:
         xs, ys = [e.step for e in points], [e.accuracy for e in points]
         ax.plot(xs, ys, "o-", color=GREEN, lw=2, ms=5, label="val accuracy")
+        steps += xs
         seen: dict[float, int] = {}
         for e in points:
             tag = e.tag.lstrip("_")
@@ -109,11 +143,16 @@ def curves(
     if xs:
         ax.plot(xs, ys, "*", color=RED, ms=12, label="test accuracy")
     ax.set(xlabel=unit, ylabel="reward / accuracy", ylim=(-0.03, 1.03))
+    _step_axis(ax, steps + xs)
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
+    return _rendered(group_fractions_figure(train))
+
+
+def group_fractions_figure(train: Sequence[TrainEvent]) -> Figure | None:
     """Where the GRPO signal is: only mixed groups have a non-zero advantage."""
     rows = [r for r in train if "frac_mixed" in r.model_fields_set]
     if not rows:
@@ -130,11 +169,18 @@ def group_fractions(train: Sequence[TrainEvent]) -> bytes | None:
         ax.bar(steps, values, bottom=bottom, color=colour, label=label, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(xlabel="step", ylabel="fraction of groups", ylim=(0, 1.02))
+    _step_axis(ax, steps)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def tokens(train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str) -> bytes | None:
+    return _rendered(tokens_figure(train, evals, unit))
+
+
+def tokens_figure(
+    train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str
+) -> Figure | None:
     """Completion length: a sudden change is often the first sign of reward hacking."""
     lines = [("train (sampled)", "-", ORANGE, _series(train, "tokens_per_completion"))]
     for split, style, colour in (("val", "o-", GREEN), ("test", "*", RED)):
@@ -148,8 +194,9 @@ def tokens(train: Sequence[TrainEvent], evals: Sequence[EvalEvent], unit: str) -
             ax.plot(xs, ys, style, color=colour, label=label, ms=8 if style == "*" else 5)
     ax.set(xlabel=unit, ylabel="tokens per completion")
     ax.set_ylim(bottom=0)
+    _step_axis(ax, [x for *_, (xs, _) in lines for x in xs])
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def ei_counters(rounds: Sequence[EIRoundEvent]) -> bytes | None:
@@ -218,7 +265,7 @@ def episodes(
             ax.plot(*zip(*points, strict=True), "o-", color=GREEN, ms=5, label="val (greedy)")
         ax.set(title=title, xlabel=unit)
         ax.set_ylim(bottom=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _step_axis(ax, [*xs, *(step for step, _ in points)])
         ax.legend(loc="best", fontsize=7)
     return _png(fig)
 
@@ -234,5 +281,6 @@ def scenario_accuracy(evals: Sequence[EvalEvent], unit: str) -> bytes | None:
         points = [(e.step, e.by_scenario[name]) for e in val if name in e.by_scenario]
         ax.plot(*zip(*points, strict=True), "o-", ms=4, label=name)
     ax.set(xlabel=unit, ylabel="val accuracy", ylim=(-0.03, 1.03))
+    _step_axis(ax, [e.step for e in val])
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)

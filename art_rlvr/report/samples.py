@@ -16,7 +16,6 @@ from art_rlvr.report.data import (
     RunData,
     Trajectory,
     TrajectoryFile,
-    read_trajectories,
 )
 from art_rlvr.report.markup import details, esc, num, pre, section, slug
 
@@ -44,7 +43,7 @@ def best_and_worst(rows: Sequence[Trajectory]) -> list[tuple[str, Trajectory]]:
 def system_prompt(run: RunData) -> str | None:
     """The system prompt the run's first recorded trajectory was rendered with."""
     for f in run.trajectory_files:
-        for row in read_trajectories(f.path)[:1]:
+        for row in run.trajectories(f)[:1]:
             for message in row.messages:
                 if message.role == "system":
                     return message.content
@@ -60,24 +59,35 @@ def message_block(m: Message, role: str | None = None, cls: str = "") -> str:
     return f'<div class="msg">{head}{body}{calls}</div>'
 
 
-def episode_block(t: Trajectory) -> str:
-    """The turns after the opening: replies, tool calls, tool results, environment messages."""
+def episode_lines(t: Trajectory) -> list[tuple[str, str, Message]]:
+    """(label, css class, message) of each message after the opening: replies (the last one
+    is the completion), tool results under the name of the call they answer, and the
+    environment's messages. The page and the trajectory browser label turns alike."""
     calls = {c.id: c for m in t.episode for c in m.tool_calls}
     rest = t.episode[len(t.opening) :]
     last = max((i for i, m in enumerate(rest) if m.role == "assistant"), default=-1)
     out, turn = [], 0
     for i, m in enumerate(rest):
         if m.role == "assistant":
-            label = f"assistant, turn {turn}"
-            out.append(message_block(m, label, "completion" if i == last else ""))
+            out.append((f"assistant, turn {turn}", "completion" if i == last else "", m))
             turn += 1
         elif m.role == "tool":
             call = calls.get(m.tool_call_id or "")
-            label = f"tool result: {call.name if call else m.name or '?'}"
-            out.append(f'<div class="result">{message_block(m, label, "tool")}</div>')
+            out.append((f"tool result: {call.name if call else m.name or '?'}", "tool", m))
         else:
-            out.append(message_block(m, "environment" if m.role == "user" else m.role, "env"))
-    return f'<div class="episode">{"".join(out)}</div>'
+            out.append(("environment" if m.role == "user" else m.role, "env", m))
+    return out
+
+
+def episode_block(t: Trajectory) -> str:
+    """The turns after the opening: replies, tool calls, tool results, environment messages."""
+    blocks = [
+        f'<div class="result">{message_block(m, label, cls)}</div>'
+        if cls == "tool"
+        else message_block(m, label, cls)
+        for label, cls, m in episode_lines(t)
+    ]
+    return f'<div class="episode">{"".join(blocks)}</div>'
 
 
 def episode_counts(t: Trajectory) -> str:
@@ -133,7 +143,7 @@ def train_samples(run: RunData) -> str:
     shown = spread(files, MAX_TRAIN_FILES)
     blocks = []
     for f in shown:
-        rows = read_trajectories(f.path)
+        rows = run.trajectories(f)
         picks = best_and_worst(rows)
         if not picks:
             continue
@@ -172,7 +182,7 @@ def eval_samples(run: RunData) -> str:
     shown = spread(files, MAX_EVAL_FILES)
     blocks = []
     for f in shown:
-        rows = read_trajectories(f.path)
+        rows = run.trajectories(f)
         failures = [t for t in rows if not t.correct][:FAILURES_PER_EVAL]
         correct = sum(t.correct for t in rows)
         where = [f.kind, f"{run.step_unit} {f.index}" if f.index is not None else "", f.tag]

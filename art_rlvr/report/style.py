@@ -28,4 +28,8 @@ ins{background:#c8e6c9;text-decoration:none}del,ins{padding:0 2px}
 padding-left:10px;margin:10px 0}
 .episode .msg{margin:4px 0}.episode .result{margin-left:24px}pre.call{background:#ede7f6}
 pre.tool{background:#eceff1}pre.env{background:#fff8e1}
+.filters{display:flex;flex-wrap:wrap;gap:6px 16px;margin:8px 0}.filters label{font-size:13px}
+details.rollout summary.ok{border-left:4px solid #66bb6a;padding-left:6px}
+details.rollout summary.bad{border-left:4px solid #ef5350;padding-left:6px}
+.msg.result{margin-left:24px}
 """

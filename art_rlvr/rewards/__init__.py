@@ -1,5 +1,7 @@
 """Reward functions `R(x, y) -> Score`, one module per family, looked up by name."""
 
+from pathlib import Path
+
 from art_rlvr.rewards.base import RewardConfigError, RewardFn, Score, build_reward
 from art_rlvr.rewards.code import code
 from art_rlvr.rewards.math import math
@@ -9,8 +11,9 @@ from art_rlvr.rewards.qa import qa
 REWARDS = {"numeric": numeric, "math": math, "code": code, "qa": qa}
 
 
-def make_reward(name: str, params: dict | None = None) -> RewardFn:
-    return build_reward(name, dict(params or {}), REWARDS)
+def make_reward(name: str, params: dict | None = None, near: Path | None = None) -> RewardFn:
+    """A reward by built-in name or `module:function` (on the path, or a module in `near`)."""
+    return build_reward(name, dict(params or {}), REWARDS, near)
 
 
 __all__ = ["REWARDS", "RewardConfigError", "RewardFn", "Score", "make_reward"]

@@ -18,7 +18,8 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
+from art_rlvr.core import Record, Score
+from art_rlvr.rewards.base import RewardConfigError, first_error
 from art_rlvr.rewards.sandbox import (
     RunResult,
     SandboxChoice,

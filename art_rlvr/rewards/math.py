@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
+from art_rlvr.core import Record, Score
+from art_rlvr.rewards.base import RewardConfigError, first_error
 
 _MAX_ANSWER_CHARS = 8_000  # the final answer sits at the end; keep the tail
 _STARTUP_TIMEOUT_S = 120.0

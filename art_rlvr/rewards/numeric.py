@@ -12,7 +12,7 @@ from decimal import Decimal, InvalidOperation
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.rewards.base import Record, Score
+from art_rlvr.core import Record, Score
 
 _NUMBER = r"[-−]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-−]?\d+(?:\.\d+)?"
 _MARKED = re.compile(

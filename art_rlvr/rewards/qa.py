@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from art_rlvr.rewards.base import Record, RewardConfigError, Score, first_error
+from art_rlvr.core import Record, Score
+from art_rlvr.rewards.base import RewardConfigError, first_error
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)

@@ -1,0 +1,126 @@
+"""How many threads the engine's forwards use: chosen by timing its own decode steps.
+
+On an idle machine every core helps; beside another busy process (a browser, an IDE, a second
+run) a decode step's many small parallel regions each wait at a barrier for a thread the OS has
+descheduled, and one thread can be faster than two. The load cannot be read cheaply and
+reliably, so the engine measures: now and then one step runs at the other thread count, and
+the count whose steps are faster (a running mean of the two steps' time ratio) is kept.
+
+Only the engine's own thread changes (OpenMP's thread count is per calling thread), but torch
+also keeps the last count set as the default of threads that have not used torch yet: the
+trainer therefore sets its own (`in_threads`) rather than inherit the engine's.
+
+Switching must not change a result, or seeded runs would depend on timing: the engine checks
+at start that a prefill and a decode step give the same bits at 1 thread and at the most
+(`ThreadTuner.verify`) and keeps a fixed count where they do not (`tests/test_threads.py`
+checks the engine's tokens and logprobs at 1 and 2 threads too).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["ThreadTuner", "in_threads", "set_threads", "usable_cores"]
+
+log = logging.getLogger(__name__)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask), capped by torch's thread count (so
+    OMP_NUM_THREADS or `torch.set_num_threads` still set the most the engine uses)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, torch.get_num_threads()))
+
+
+class ThreadTuner:
+    """Picks the engine thread's intra-op thread count between 1 and `most`.
+
+    Every `explore_every` steps (more often while the two are close) one step runs at the
+    other count; its time over the step just before it (same rows, one more key) updates a
+    running mean of the log time ratio, and the other count takes over once it is the faster
+    by `margin`. Steps whose row count differs from the one before are not compared.
+    """
+
+    def __init__(
+        self,
+        most: int,
+        *,
+        fixed: bool = False,
+        explore_every: int = 24,
+        margin: float = 0.05,
+        smoothing: float = 0.3,
+    ) -> None:
+        self.most = max(1, most)
+        self.fixed = fixed
+        self.current = self.most
+        self.explore_every = explore_every
+        self.margin = math.log1p(margin)
+        self.smoothing = smoothing
+        self.log_ratio = 0.0  # running mean of log(other's step time / current's)
+        self.switches = 0
+        self._steps = 0
+        self._last: tuple[int, int, float] | None = None  # (threads, rows, seconds)
+
+    @property
+    def other(self) -> int:
+        return 1 if self.current != 1 else self.most
+
+    def threads_for_next_step(self) -> int:
+        """The count the next decode step runs at (set it in the engine's thread)."""
+        if self.fixed or self.most == 1:
+            return self.current
+        self._steps += 1
+        close = abs(self.log_ratio) < 2 * self.margin
+        every = self.explore_every // 3 if close else self.explore_every
+        return self.other if self._steps % max(2, every) == 0 else self.current
+
+    def verify(self, compute: Callable[[], torch.Tensor]) -> None:
+        """Fix the count unless `compute` (a forward on the engine's path, run in the engine's
+        thread) gives the same bits at 1 thread and at the most."""
+        if self.fixed or self.most == 1:
+            return
+        results = []
+        for threads in (1, self.most):
+            set_threads(threads)
+            results.append(compute())
+        set_threads(self.current)
+        if not torch.equal(results[0], results[1]):
+            self.fixed = True
+            log.warning(
+                "the model's logits differ at 1 and %d threads here: the engine keeps %d",
+                self.most,
+                self.current,
+            )
+
+    def record(self, threads: int, rows: int, seconds: float) -> None:
+        """One decode step's wall time; may switch the current count."""
+        last, self._last = self._last, (threads, rows, seconds)
+        if last is None or threads != self.other or last[0] != self.current or last[1] != rows:
+            return
+        ratio = math.log(max(seconds, 1e-9) / max(last[2], 1e-9))
+        self.log_ratio += self.smoothing * (ratio - self.log_ratio)
+        if self.log_ratio < -self.margin:
+            self.current = self.other
+            self.log_ratio = -self.log_ratio  # the same evidence, seen from the new count
+            self.switches += 1
+
+
+def set_threads(threads: int) -> None:
+    """The calling thread's intra-op thread count (a no-op if it is already that)."""
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def in_threads[T](threads: int, work: Callable[..., T], *args: object) -> T:
+    """`work(*args)` at `threads` threads (for a pool thread, whose torch default may be the
+    count the engine set last)."""
+    set_threads(threads)
+    return work(*args)
