@@ -301,17 +301,11 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
         ) from None
     overrides = overrides or {}
     source_raw = {**spec.source, **overrides}
-    kind = source_raw.get("type")
-    if kind not in SOURCES:
-        raise ScenarioFileError(
-            f"{_source_where(path, text, 'type', overrides)}: {kind!r} is no source type"
-            f"{did_you_mean(str(kind), SOURCES)}; known: {', '.join(sorted(SOURCES))}"
-        )
-    schema, loader = SOURCES[kind]
-    try:
-        source = schema.model_validate(source_raw)
-    except ValidationError as error:
-        raise ScenarioFileError(source_error(error, kind, path, text, overrides)) from None
+    source, loader = source_of(
+        source_raw,
+        _source_where(path, text, "type", overrides),
+        lambda error, kind: source_error(error, kind, path, text, overrides),
+    )
     rollout_fn = load_rollout(spec, path, text)
     environment = load_environment(spec, path, text)
     reward = None
@@ -409,22 +403,32 @@ def rollout_task(
         rollout=RolloutSpec(function=ref, timeout_s=timeout_s),
         max_tokens=max_tokens,
     )
-    kind = source.get("type")
-    if kind not in SOURCES:
-        raise ScenarioFileError(
-            f"source type {kind!r} is no source type{did_you_mean(str(kind), SOURCES)}; "
-            f"known: {', '.join(sorted(SOURCES))}"
-        )
-    schema, loader = SOURCES[kind]
-    try:
-        validated = schema.model_validate(source)
-    except ValidationError as error:
-        raise ScenarioFileError(f"source: {first_error(error)}") from None
+    validated, loader = source_of(
+        source, "source.type", lambda error, _: f"source: {first_error(error)}"
+    )
     task = Task(
         spec=spec, splits={}, reward=None, path=folder / f"{spec.name}.py", rollout_fn=checked
     )
     fill_splits(task, loader(validated, folder, seed), folder)
     return task
+
+
+def source_of(
+    raw: dict[str, Any], where: str, error_text: Callable[[ValidationError, str], str]
+) -> tuple[Any, Any]:
+    """A `[source]` table validated against its type's schema, and that type's loader; `where`
+    says where the type was set, `error_text` words a schema error (kind given)."""
+    kind = raw.get("type")
+    if kind not in SOURCES:
+        raise ScenarioFileError(
+            f"{where}: {kind!r} is no source type{did_you_mean(str(kind), SOURCES)}; "
+            f"known: {', '.join(sorted(SOURCES))}"
+        )
+    schema, loader = SOURCES[kind]
+    try:
+        return schema.model_validate(raw), loader
+    except ValidationError as error:
+        raise ScenarioFileError(error_text(error, kind)) from None
 
 
 def _source_where(path: Path, text: str, key: str, overrides: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ import art
 import pytest
 
 from art_rlvr.evaluation import evaluate
+from art_rlvr.outcome import turns
 from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import (
     RolloutContext,
@@ -26,6 +27,7 @@ from art_rlvr.rollouts import (
     rollout_failure,
     trainable,
 )
+from art_rlvr.runfiles import trajectory_row
 from art_rlvr.scenario import load_task, rollout_task
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
@@ -64,6 +66,7 @@ LOAD_ERRORS = [
     (case("one_param"), "must accept (model, record) or (model, record, context)"),
     (case("four_params"), "takes 4 required positional parameter(s)"),
     (case("NOT_A_FUNCTION"), "is a int, not a function"),
+    (f"{CASES.parent / 'rollout_broken.py'}:rollout", "raised RuntimeError: broken at import"),
 ]
 
 
@@ -255,3 +258,125 @@ def test_cli_eval_where_every_rollout_fails_exits_with_the_cause(tmp_path: Path)
     assert "rollouts failed" in done.stderr and "agent crashed" in done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "agent crashed" in summary["failed"]
+
+
+async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, make_model):
+    """RL on rollout functions with the real model: one function keeps ART's `Choice`s, one
+    keeps nothing (art_rlvr's capture scope records its request); both train on served ids."""
+    model = await make_model("rf")
+    for name in ("answer", "captured"):
+        path = tmp_path / name
+        path.mkdir()
+        task = load_task(str(scenario_file(path, case(name), timeout_s=300)))
+        groups = await gather_groups(
+            model, task.splits["train"][:2], 2, sampling=SamplingConfig(max_tokens=6), seed=0
+        )
+        trajectories = [t for g in groups for t in g.trajectories]
+        assert all(t.metrics["rollout_error"] == 0.0 for t in trajectories)
+        if name == "captured":  # run files, GEPA and the report read the exchange
+            assert all(len(t.exchanges.chat_completions) == 1 for t in trajectories)
+            row = trajectory_row(trajectories[0])
+            reply = trajectories[0].exchanges.chat_completions[0].response.choices[0]
+            x = task.splits["train"][0].x
+            assert row["messages"] == [{"role": "user", "content": f"{x['a']} + {x['b']} ="}]
+            assert row["completion"] == (reply.message.content or "")
+            assert [m["role"] for m in turns(trajectories[0])] == ["user", "assistant"]
+        for g in groups:  # spread the rewards so that every group carries signal
+            for i, t in enumerate(g.trajectories):
+                t.reward = float(i % 2)
+        step = await model.get_step()
+        result = await model.backend().train(model, trainable(groups), learning_rate=1e-4)
+        assert result.step == step + 1 and result.metrics["turns_served"] == 4
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rollouts"
+
+
+@pytest.mark.slow
+def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
+    """docs/rollouts.md's OpenAI Agents SDK agent: `mode=rl` through the CLI's main with the
+    embedded model; its batch trains on the ids the server sampled (ART's client asks)."""
+    from test_eval_any_model import base_env, cli
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    done = cli(
+        [
+            f"scenario={EXAMPLES / 'agents_calc.toml'}", "mode=rl", "n_batches=1",
+            "groups_per_batch=1", "group_size=2", "val_limit=1", "eval_test=false",
+            f"run_dir={run}",
+        ],
+        base_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (train,) = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 1]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 1
+    assert train["trajectories"] == 2.0 and train["tokens_per_completion"] > 0
+    rows = [json.loads(line) for line in (run / "trajectories" / "train_0001.jsonl").open()]
+    assert len(rows) == 2 and all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    # the agent's last request and reply, read from ART's exchanges: instructions, question
+    assert all(r["messages"][0]["content"].startswith("Call the multiply tool") for r in rows)
+
+
+@pytest.mark.slow
+def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
+    """docs/rollouts.md's LangGraph agent through `art.langgraph`: `mode=eval` with two samples
+    per item; every rollout ran (none errored) and its episodes were kept."""
+    from test_eval_any_model import base_env, cli
+
+    monkeypatch.chdir(tmp_path)  # ART's wrap_rollout logs into ./.art/langgraph
+    run = tmp_path / "run"
+    done = cli(
+        [
+            f"scenario={EXAMPLES / 'langgraph_calc.toml'}", "mode=eval", "val_limit=2",
+            "eval_samples=2", "eval_temperature=1.0", f"run_dir={run}",
+        ],
+        base_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = next((run / "evals").glob("val_*"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["rollouts"] == 4 and meta["errors"] == 0
+    assert set(meta["pass_at_k"]) == {"1", "2"}
+    rows = [
+        json.loads(line)["row"] for line in (folder / "rollouts.jsonl").read_text().splitlines()
+    ]
+    assert all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    assert all(
+        any(m.get("tool_calls") for m in r["messages"] + r.get("tail", [])) or r["completion"]
+        for r in rows
+    )
+
+
+async def test_gepa_evolves_the_prompt_a_rollout_function_receives(tmp_path: Path) -> None:
+    """GEPA on a rollout function, reflecting through a scripted reflector on loopback: the
+    candidate reaches the function as `context.system_prompt`, and the better one wins."""
+    from art_rlvr.gepa.config import GEPAConfig
+    from art_rlvr.gepa.optimizer import optimize_prompt
+
+    task = load_task(str(scenario_file(tmp_path, case("prompt_judged"))))
+    better = "Check twice, then reply with only the number."
+    reply = Step.reply(f"Here is the improved instruction:\n```\n{better}\n```")
+    with pytest.MonkeyPatch.context() as patch, ScriptedServer([], default=reply) as server:
+        patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
+        config = GEPAConfig(
+            reflection={"model": "openai/scripted", "api_base": server.base_url,
+                        "api_key_env": "SCRIPTED_ROLLOUT_KEY", "timeout_s": 5.0},
+            max_metric_calls=40, pareto_size=3, traces_per_iteration=2, group_size=2,
+            max_iterations=2, report_val_limit=0,
+        )  # fmt: skip
+        result = await optimize_prompt(
+            offline_model(), task, config=config, run_dir=tmp_path / "gepa"
+        )
+        asked = server.chat_requests
+    assert asked and "wrong: the prompt should say check twice" in json.dumps(asked[0].body)
+    assert result.best_prompt == better and result.seed_prompt == "Reply with only the number."
+
+
+def test_docs_show_the_examples_verbatim() -> None:
+    """docs/rollouts.md's examples are the files the slow tests run, so they cannot go stale."""
+    docs = (EXAMPLES.parents[1] / "rollouts.md").read_text()
+    for name in ("agents_calc.py", "agents_calc.toml", "langgraph_calc.py"):
+        assert (EXAMPLES / name).read_text() in docs, f"docs/rollouts.md lacks {name}"

@@ -11,7 +11,6 @@ file). How it runs and is scored is art_rlvr.rollouts' job.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from art_rlvr.rewards.base import exec_file
 
 
 class RolloutFunctionError(ValueError):
@@ -87,25 +88,18 @@ def import_module_from(module: str, near: Path | None) -> Any:
 
 
 def load_file(path: Path) -> Any:
-    """The module in `path`, under its file name (kept in sys.modules, as an import would)."""
+    """The module in `path`, under its file name (once: a second scenario naming it reuses it)."""
     if not path.is_file():
         raise RolloutFunctionError(f"no file {path}")
-    name = path.stem
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise RolloutFunctionError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
     try:
-        spec.loader.exec_module(module)
+        return exec_file(path.stem, path)
     except Exception as error:
-        del sys.modules[name]
         raise RolloutFunctionError(
             f"importing {path} raised {type(error).__name__}: {error}"
         ) from None
-    return module
 
 
 def load_rollout_function(ref: str, near: Path | None = None) -> RolloutFunction:

@@ -100,3 +100,23 @@ async def four_params(model: art.Model, record: Any, context: Any, extra: Any) -
 
 
 NOT_A_FUNCTION = 42
+
+
+async def prompt_judged(model: art.Model, record: dict[str, Any], context: Any) -> art.Trajectory:
+    """Right exactly when the system prompt asks to check twice: GEPA's candidate, received as
+    `context.system_prompt`, decides the reward (no model call: a test of the wiring)."""
+    asked = "check twice" in context.system_prompt.lower()
+    question = f"What is {record['a']} + {record['b']}?"
+    reply = str(record["answer"]) if asked else "no idea"
+    trajectory = art.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": context.system_prompt},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": reply},
+        ],
+        reward=float(asked),
+    )
+    trajectory.metadata["feedback"] = (
+        "right" if asked else "wrong: the prompt should say check twice"
+    )
+    return trajectory
