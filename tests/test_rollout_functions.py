@@ -380,3 +380,21 @@ def test_docs_show_the_examples_verbatim() -> None:
     docs = (EXAMPLES.parents[1] / "rollouts.md").read_text()
     for name in ("agents_calc.py", "agents_calc.toml", "langgraph_calc.py"):
         assert (EXAMPLES / name).read_text() in docs, f"docs/rollouts.md lacks {name}"
+
+
+@pytest.mark.parametrize(
+    ("function", "mode", "message"),
+    [
+        ("always_right", "gepa", "takes (model, record) only; GEPA evolves the system prompt"),
+        ("answer", "ei", "expert iteration does not run on rollout functions yet"),
+    ],
+)
+def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
+    tmp_path: Path, function: str, mode: str, message: str
+) -> None:
+    from test_eval_any_model import base_env, cli
+
+    path = scenario_file(tmp_path, case(function))
+    done = cli([f"scenario={path}", f"mode={mode}", f"run_dir={tmp_path / 'run'}"], base_env())
+    assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder exists
