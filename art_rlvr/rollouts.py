@@ -169,6 +169,29 @@ def served_tokens(trajectory: art.Trajectory) -> float:
     )
 
 
+def choice_tokens(choice: Any) -> int | None:
+    """A sampled turn's completion tokens: its served ids (ART's client asks for them), else
+    the usage LangChain keeps (ART's LangGraph integration carries it onto the Choice)."""
+    extra = choice.model_extra or {}
+    if isinstance(extra.get("token_ids"), list):
+        return len(extra["token_ids"])
+    usage = extra.get("token_usage")
+    return usage.get("completion_tokens") if isinstance(usage, dict) else None
+
+
+def completion_tokens(trajectory: art.Trajectory) -> dict[str, float]:
+    """`completion_tokens` for a function's trajectory, where it can be known and the function
+    did not count them itself: the exchanges' usage, or every sampled turn's own count."""
+    if "completion_tokens" in trajectory.metrics:
+        return {}
+    if trajectory.exchanges:
+        return {"completion_tokens": served_tokens(trajectory)}
+    counts = [choice_tokens(i) for i in trajectory.messages_and_choices if is_sampled(i)]
+    if not counts or any(c is None for c in counts):
+        return {}
+    return {"completion_tokens": float(sum(c for c in counts if c is not None))}
+
+
 def failed(trajectory: art.Trajectory, ref: str, reason: str) -> art.Trajectory:
     """Reward 0 for a rollout function that failed; what it sampled is kept."""
     log.warning("rollout function %s %s (reward 0)", ref, reason.splitlines()[0])
@@ -222,13 +245,11 @@ async def function_rollout(
     trajectory.metadata = {**trajectory.metadata, **metadata}
     if problem is not None:
         return failed(trajectory, fn.ref, problem)
-    counted = "completion_tokens" in trajectory.metrics or not trajectory.exchanges
-    tokens = {} if counted else {"completion_tokens": served_tokens(trajectory)}
     return attach_outcome(
         trajectory,
         reward=float(trajectory.reward),
         feedback=feedback_of(trajectory),
-        metrics={ROLLOUT_ERROR: 0.0, **tokens},
+        metrics={ROLLOUT_ERROR: 0.0, **completion_tokens(trajectory)},
     )
 
 
