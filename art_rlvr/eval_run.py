@@ -38,7 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from art_rlvr.evaluation import SampledReport, describe, mean_pass_all_k, mean_pass_at_k
 from art_rlvr.observe import tracing
 from art_rlvr.records import RolloutsFailed
-from art_rlvr.rollouts import SamplingConfig, rollout, rollout_seed
+from art_rlvr.rollouts import (
+    RolloutFunctionError,
+    SamplingConfig,
+    rollout,
+    rollout_failure,
+    rollout_seed,
+)
 from art_rlvr.runfiles import (
     StateFileError,
     append_jsonl,
@@ -267,6 +273,8 @@ async def evaluate_resumable(
             sampling=sampling.model_copy(update={"seed": seed}),
             limiter=limiter,
         )
+        if reason := rollout_failure(trajectory):  # not journaled: a resume runs it again
+            raise RolloutFunctionError(reason)
         row = JournalRow(
             item=scenario.id,
             sample=i,

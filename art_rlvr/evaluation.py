@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import art
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import is_correct
 from art_rlvr.records import RolloutsFailed
-from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.rollouts import RolloutFunctionError, SamplingConfig, rollout, rollout_failure
 from art_rlvr.scenario import Scenario
 
 
@@ -21,6 +22,14 @@ def describe(error: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def failure_of(result: Any) -> Any:
+    """A rollout function's failure as the error it is (an evaluation counts it and re-runs
+    it, as it does a rollout that raised), anything else as it is."""
+    if isinstance(result, art.Trajectory) and (reason := rollout_failure(result)):
+        return RolloutFunctionError(reason)
+    return result
 
 
 class EvalReport(BaseModel):
@@ -74,6 +83,7 @@ async def evaluate(
         pbar_desc=f"eval {split}",
         max_exceptions=len(scenarios),
     )
+    results = [failure_of(r) for r in results]
     trajectories = [r for r in results if isinstance(r, art.Trajectory)]
     failures = [r for r in results if isinstance(r, BaseException)]
     n = len(scenarios)

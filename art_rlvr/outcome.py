@@ -70,9 +70,23 @@ def as_message(item: Any) -> dict[str, Any]:
     return out
 
 
+def episode_items(trajectory: art.Trajectory) -> list[Any]:
+    """`messages_and_choices`; for a trajectory recorded only as ART's `exchanges` (a rollout
+    function inside a capture scope), the last chat exchange as the same kind of list: its
+    request's messages, then its first choice (an agent's last request holds its history)."""
+    if trajectory.messages_and_choices or not trajectory.exchanges:
+        return list(trajectory.messages_and_choices)
+    exchanges = trajectory.exchanges.chat_completions
+    if not exchanges:
+        return []
+    last = exchanges[-1]
+    choices = list(last.response.choices)[:1]
+    return [dict(m) for m in last.request.get("messages", [])] + choices
+
+
 def turns(trajectory: art.Trajectory) -> list[dict[str, Any]]:
     """The whole episode as message dicts, in order (sampled turns included)."""
-    return [as_message(item) for item in trajectory.messages_and_choices]
+    return [as_message(item) for item in episode_items(trajectory)]
 
 
 def is_sampled(item: Any) -> bool:
@@ -83,5 +97,5 @@ def is_sampled(item: Any) -> bool:
 def completion_text(trajectory: art.Trajectory) -> str:
     """The last sampled assistant turn's text ('' if it had none): what a single-turn reward
     scores."""
-    sampled = [i for i in trajectory.messages_and_choices if is_sampled(i)]
+    sampled = [i for i in episode_items(trajectory) if is_sampled(i)]
     return (sampled[-1].message.content or "") if sampled else ""

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from art_rlvr.outcome import as_message, completion_text, feedback_of, is_correct, is_sampled
+from art_rlvr.outcome import (
+    as_message,
+    completion_text,
+    episode_items,
+    feedback_of,
+    is_correct,
+    is_sampled,
+)
 from art_rlvr.records import (
     AlarmEvent,
     EIRoundEvent,
@@ -258,7 +265,7 @@ def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
     turn's text as `completion`, reward, feedback, metrics and logs. When that turn called tools
     or messages follow it (a turn cap hit mid-call, an environment's last word), `tail` holds
     that turn as a message and everything after it, so no part of an episode is lost."""
-    items = list(t.messages_and_choices)
+    items = episode_items(t)
     last = max((i for i, item in enumerate(items) if is_sampled(item)), default=len(items))
     tail = [as_message(item) for item in items[last:]]
     return {

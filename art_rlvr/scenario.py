@@ -28,6 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from art_rlvr.core import Messages
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
+from art_rlvr.environments.rollout_fn import (
+    RolloutFunction,
+    RolloutFunctionError,
+    check_rollout_function,
+    load_rollout_function,
+)
 from art_rlvr.observe import tracing
 from art_rlvr.rewards import Score, make_reward
 from art_rlvr.rewards.base import (
@@ -72,6 +78,16 @@ class EnvironmentSpec(BaseModel):
     tool_choice: str | None = None  # "auto", "required", "none" or a tool's name
 
 
+class RolloutSpec(BaseModel):
+    """`[rollout]`: an ART rollout function (`module:function` or `file.py:function`) that runs
+    each record and sets its own reward, and how long one call may take."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    function: str
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
 class ScenarioSpec(BaseModel):
     """The TOML file's schema."""
 
@@ -85,6 +101,7 @@ class ScenarioSpec(BaseModel):
     source: dict[str, Any]
     reward: RewardSpec | None = None  # required unless the environment scores episodes
     environment: EnvironmentSpec | None = None
+    rollout: RolloutSpec | None = None  # a user's ART rollout function runs each record
     # completion tokens per turn that fit this scenario's episodes (a whole tool call, say);
     # the run's `max_tokens=` overrides it, and a scenario without one takes the run's default
     max_tokens: int | None = Field(default=None, ge=1, le=4096)
@@ -142,6 +159,7 @@ class Task:
     reward: RewardFn | None
     path: Path
     environment: Environment | None = None
+    rollout_fn: RolloutFunction | None = None  # `[rollout]`: the user's function runs records
 
     @property
     def name(self) -> str:
@@ -170,6 +188,8 @@ class Task:
 
     def render(self, scenario: Scenario, system_prompt: str | None = None) -> list[dict[str, str]]:
         s = self.spec.system_prompt if system_prompt is None else system_prompt
+        if self.rollout_fn is not None:  # the function writes the rest of its messages
+            return [{"role": "system", "content": s}] if s else []
         env = self.environment
         if env is not None and env.opening is not None:
             opening = [dict(m) for m in env.opening(scenario.x)]
@@ -281,17 +301,12 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
         ) from None
     overrides = overrides or {}
     source_raw = {**spec.source, **overrides}
-    kind = source_raw.get("type")
-    if kind not in SOURCES:
-        raise ScenarioFileError(
-            f"{_source_where(path, text, 'type', overrides)}: {kind!r} is no source type"
-            f"{did_you_mean(str(kind), SOURCES)}; known: {', '.join(sorted(SOURCES))}"
-        )
-    schema, loader = SOURCES[kind]
-    try:
-        source = schema.model_validate(source_raw)
-    except ValidationError as error:
-        raise ScenarioFileError(source_error(error, kind, path, text, overrides)) from None
+    source, loader = source_of(
+        source_raw,
+        _source_where(path, text, "type", overrides),
+        lambda error, kind: source_error(error, kind, path, text, overrides),
+    )
+    rollout_fn = load_rollout(spec, path, text)
     environment = load_environment(spec, path, text)
     reward = None
     if spec.reward is not None:
@@ -300,19 +315,32 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
         except RewardConfigError as error:
             key = "name" if str(error).startswith("unknown reward") else "params"
             raise ScenarioFileError(f"{_where(path, text, ('reward', key))}: {error}") from None
-    elif environment is None or environment.reward is None:
+    elif rollout_fn is None and (environment is None or environment.reward is None):
         raise ScenarioFileError(
             f"{path}: field 'reward': a [reward] table is required "
-            "(unless an [environment] scores its episodes)"
+            "(unless an [environment] scores its episodes or a [rollout] function runs them)"
         )
-    if spec.user_template is None and (environment is None or environment.opening is None):
+    opened = rollout_fn is not None or (environment is not None and environment.opening)
+    if spec.user_template is None and not opened:
         raise ScenarioFileError(
             f"{path}: field 'user_template': required (unless an [environment] opens its episodes)"
         )
     records = loader(source, path.parent, seed)
+    task = Task(
+        spec=spec, splits={}, reward=reward, path=path, environment=environment,
+        rollout_fn=rollout_fn,
+    )  # fmt: skip
+    fill_splits(task, records, path)
+    user_reward = spec.reward is not None and ":" in spec.reward.name  # try it once, now
+    if user_reward and (problem := reward_problem(task)):
+        raise ScenarioFileError(f"{_where(path, text, ('reward', 'name'))}: {problem}")
+    return task
+
+
+def fill_splits(task: Task, records: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """The task's scenarios, split by split, each record checked against `user_template`."""
+    spec = task.spec
     needed = _template_fields(spec.user_template or "")
-    splits: dict[str, list[Scenario]] = {}
-    task = Task(spec=spec, splits=splits, reward=reward, path=path, environment=environment)
     for split in SPLITS:
         items = []
         for index, x in enumerate(records.get(split, [])):
@@ -328,11 +356,79 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
                     id=str(ident or f"{spec.name}-{split}-{index}"), split=split, x=x, task=task
                 )
             )
-        splits[split] = items
-    user_reward = spec.reward is not None and ":" in spec.reward.name  # try it once, now
-    if user_reward and (problem := reward_problem(task)):
-        raise ScenarioFileError(f"{_where(path, text, ('reward', 'name'))}: {problem}")
+        task.splits[split] = items
+
+
+def load_rollout(spec: ScenarioSpec, path: Path, text: str) -> RolloutFunction | None:
+    """The `[rollout]` function, imported and checked; a scenario that also says how to render
+    or score records is refused (the function does both), as is a function that cannot run."""
+    if spec.rollout is None:
+        return None
+    for key in ("reward", "environment", "user_template"):
+        if getattr(spec, key) is not None:
+            loc = (key,) if key == "user_template" else (key, "name")
+            raise ScenarioFileError(
+                f"{_where(path, text, loc)}: {key!r} cannot be used with [rollout]: the "
+                "rollout function builds its own messages and sets its own reward"
+            )
+    try:
+        return load_rollout_function(spec.rollout.function, near=path.parent)
+    except RolloutFunctionError as error:
+        raise ScenarioFileError(f"{_where(path, text, ('rollout', 'function'))}: {error}") from None
+
+
+def rollout_task(
+    fn: Callable[..., Any],
+    *,
+    source: dict[str, Any],
+    name: str | None = None,
+    system_prompt: str = "",
+    timeout_s: float = 300.0,
+    max_tokens: int | None = None,
+    id_field: str | None = None,
+    seed: int = 0,
+    near: Path | None = None,
+) -> Task:
+    """The Python form of a `[rollout]` scenario: `fn` (ART's `async def rollout(model, record)`,
+    or with a third `context` parameter) runs each record of `source` (a `[source]` table as a
+    dict; relative paths start at `near`, default the working directory)."""
+    ref = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    checked = check_rollout_function(fn, ref)
+    folder = Path.cwd() if near is None else near
+    spec = ScenarioSpec(
+        name=name or getattr(fn, "__name__", "rollout"),
+        system_prompt=system_prompt,
+        id_field=id_field,
+        source=source,
+        rollout=RolloutSpec(function=ref, timeout_s=timeout_s),
+        max_tokens=max_tokens,
+    )
+    validated, loader = source_of(
+        source, "source.type", lambda error, _: f"source: {first_error(error)}"
+    )
+    task = Task(
+        spec=spec, splits={}, reward=None, path=folder / f"{spec.name}.py", rollout_fn=checked
+    )
+    fill_splits(task, loader(validated, folder, seed), folder)
     return task
+
+
+def source_of(
+    raw: dict[str, Any], where: str, error_text: Callable[[ValidationError, str], str]
+) -> tuple[Any, Any]:
+    """A `[source]` table validated against its type's schema, and that type's loader; `where`
+    says where the type was set, `error_text` words a schema error (kind given)."""
+    kind = raw.get("type")
+    if kind not in SOURCES:
+        raise ScenarioFileError(
+            f"{where}: {kind!r} is no source type{did_you_mean(str(kind), SOURCES)}; "
+            f"known: {', '.join(sorted(SOURCES))}"
+        )
+    schema, loader = SOURCES[kind]
+    try:
+        return schema.model_validate(raw), loader
+    except ValidationError as error:
+        raise ScenarioFileError(error_text(error, kind)) from None
 
 
 def _source_where(path: Path, text: str, key: str, overrides: dict[str, Any]) -> str:

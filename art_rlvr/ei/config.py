@@ -127,6 +127,13 @@ def start_problem(config: EIConfig, task: Task) -> str | None:
     """Why expert iteration cannot run on `task` (an empty train split, a teacher without the
     gold answer field, a search tool_choice the scenario has no tool for), or None. Pure and
     light: the CLI asks before any model loads, the loop again when it starts."""
+    if task.rollout_fn is not None:
+        return (
+            f"scenario {task.name} runs rollout function {task.rollout_fn.ref!r}; expert "
+            "iteration does not run on rollout functions yet (it relabels episodes to the "
+            "scenario's own prompt, which a rollout function builds itself): use mode=rl, "
+            "mode=eval or mode=gepa"
+        )
     train = task.splits["train"]
     if not train:
         return f"scenario {task.name} has an empty train split; EI needs one"

@@ -30,7 +30,7 @@ from gepa.core.adapter import EvaluationBatch
 from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
 from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
-from art_rlvr.outcome import completion_text, is_sampled, outcome_of, turns
+from art_rlvr.outcome import completion_text, episode_items, is_sampled, outcome_of, turns
 from art_rlvr.rollouts import SamplingConfig, gather_groups
 from art_rlvr.scenario import Scenario
 from art_rlvr.text import prompt_hash
@@ -46,7 +46,7 @@ def split_episode(trajectory: art.Trajectory) -> tuple[list[dict[str, Any]], lis
     dicts: the inputs of a multi-turn episode are its opening messages, not its tool results."""
     messages = turns(trajectory)
     first = next(
-        (i for i, item in enumerate(trajectory.messages_and_choices) if is_sampled(item)),
+        (i for i, item in enumerate(episode_items(trajectory)) if is_sampled(item)),
         len(messages),
     )
     return messages[:first], messages[first:]

@@ -44,6 +44,13 @@ def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | Non
     """Why GEPA cannot start on `task` from `seed_prompt` (too few train records for the Pareto
     set, a seed over the prompt limit, a budget that cannot even score the seed), or None. The
     CLI asks before any model loads; the optimizer checks the same limits when it starts."""
+    fn = task.rollout_fn
+    if fn is not None and not fn.takes_context:
+        return (
+            f"rollout function {fn.ref!r} takes (model, record) only; GEPA evolves the system "
+            "prompt, which reaches a rollout function as its third parameter: write "
+            "`async def rollout(model, record, context)` and send `context.system_prompt`"
+        )
     train = len(task.splits["train"])
     if train <= config.pareto_size:
         return (

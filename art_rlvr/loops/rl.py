@@ -20,7 +20,7 @@ from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, 
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.records import AlarmEvent, PendingBatch, TrainEvent, TrainState
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed
+from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed, trainable
 from art_rlvr.text import prompt_hash
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ async def rl_step(
         before_train(groups, stats)
     result = await ctx.backend.train(
         ctx.model,
-        groups,
+        trainable(groups),
         learning_rate=cfg.learning_rate,
         loss_fn=cfg.loss_fn,
         kl_penalty_coef=cfg.kl_penalty_coef,

@@ -70,19 +70,27 @@ def _import_path(target: str, near: Path | None = None) -> Any:
         raise RewardConfigError(f"module {module_name!r} has no attribute {attr!r}") from None
 
 
-def _load_beside(name: str, path: Path) -> ModuleType:
-    """Import `path` as module `name` (kept in sys.modules, as an import would)."""
+def exec_file(name: str, path: Path) -> ModuleType:
+    """Import `path` as module `name` (kept in sys.modules, as an import would); whatever the
+    file raises is raised, and it is left out of sys.modules."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise RewardConfigError(f"cannot import {path} for reward")
+        raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except BaseException:
         del sys.modules[name]
-        raise RewardConfigError(f"cannot import {path} for reward: {error}") from error
+        raise
     return module
+
+
+def _load_beside(name: str, path: Path) -> ModuleType:
+    try:
+        return exec_file(name, path)
+    except Exception as error:
+        raise RewardConfigError(f"cannot import {path} for reward: {error}") from error
 
 
 def build_reward(

@@ -1,0 +1,406 @@
+"""A user's ART rollout function as a scenario (`[rollout] function = "..."`).
+
+Load-time errors name the scenario file and line; every way a function goes wrong at run time
+scores that episode 0 with its reason counted; a batch where every rollout failed is an error,
+never a 0.0. The good functions run for real: against the embedded model on loopback, and
+through the CLI against a scripted OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import art
+import pytest
+
+from art_rlvr.evaluation import evaluate
+from art_rlvr.outcome import turns
+from art_rlvr.records import RolloutsFailed
+from art_rlvr.rollouts import (
+    RolloutContext,
+    SamplingConfig,
+    gather_groups,
+    rollout,
+    rollout_failure,
+    trainable,
+)
+from art_rlvr.runfiles import trajectory_row
+from art_rlvr.scenario import load_task, rollout_task
+from art_rlvr.sources import ScenarioFileError
+from art_rlvr.testing.scripted_server import ScriptedServer, Step
+
+CASES = Path(__file__).parent / "scripts" / "rollout_cases.py"
+SOURCE = {"type": "arith", "ops": ["+"], "min_value": 1, "max_value": 9,
+          "splits": {"train": 6, "val": 3, "test": 2}}  # fmt: skip
+
+
+def scenario_file(folder: Path, function: str, *, extra: str = "", timeout_s: float = 5) -> Path:
+    path = folder / "mine.toml"
+    path.write_text(
+        'name = "mine"\n'
+        'system_prompt = "Reply with only the number."\n'
+        f"{extra}"
+        "[source]\n"
+        'type = "arith"\nops = ["+"]\nmin_value = 1\nmax_value = 9\n'
+        "splits = { train = 6, val = 3, test = 2 }\n"
+        "\n[rollout]\n"
+        f'function = "{function}"\n'
+        f"timeout_s = {timeout_s}\n"
+    )
+    return path
+
+
+def case(name: str) -> str:
+    return f"{CASES}:{name}"
+
+
+LOAD_ERRORS = [
+    ("no_such_module_xyz:rollout", "cannot import module 'no_such_module_xyz'"),
+    ("missing_file.py:rollout", "no file"),
+    ("nocolon", "must look like 'module:function'"),
+    (case("missing"), "has no attribute 'missing'"),
+    (case("not_async"), "is not an async function"),
+    (case("one_param"), "must accept (model, record) or (model, record, context)"),
+    (case("four_params"), "takes 4 required positional parameter(s)"),
+    (case("NOT_A_FUNCTION"), "is a int, not a function"),
+    (f"{CASES.parent / 'rollout_broken.py'}:rollout", "raised RuntimeError: broken at import"),
+]
+
+
+@pytest.mark.parametrize(("function", "message"), LOAD_ERRORS)
+def test_a_bad_function_is_a_load_time_error_at_its_line(
+    tmp_path: Path, function: str, message: str
+) -> None:
+    path = scenario_file(tmp_path, function)
+    with pytest.raises(ScenarioFileError) as error:
+        load_task(str(path))
+    assert f"{path}:11:" in str(error.value)  # the `function = ...` line
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "line"),
+    [
+        ('user_template = "What is {a}?"\n', "user_template", 3),
+        ('[reward]\nname = "numeric"\n\n', "reward", 4),
+    ],
+)
+def test_a_rollout_scenario_that_also_renders_or_scores_is_refused(
+    tmp_path: Path, extra: str, key: str, line: int
+) -> None:
+    path = scenario_file(tmp_path, case("always_right"), extra=extra)
+    with pytest.raises(ScenarioFileError, match=rf"mine\.toml:{line}: '{key}' cannot be used"):
+        load_task(str(path))
+
+
+def test_a_module_beside_the_scenario_file_is_found(tmp_path: Path) -> None:
+    (tmp_path / "agent_beside_xyz.py").write_text(
+        "import art\n\nasync def rollout(model, record):\n    return art.Trajectory(reward=1.0)\n"
+    )
+    task = load_task(str(scenario_file(tmp_path, "agent_beside_xyz:rollout")))
+    assert task.rollout_fn is not None and not task.rollout_fn.takes_context
+    assert [len(task.splits[s]) for s in ("train", "val", "test")] == [6, 3, 2]
+    assert task.splits["val"][0].messages() == [
+        {"role": "system", "content": "Reply with only the number."}
+    ]
+
+
+def offline_model() -> art.Model:
+    """A model no faulty function ever calls (so no server is needed)."""
+    return art.Model(name="offline", project="tests", inference_base_url="http://127.0.0.1:9/v1")
+
+
+FAULTS = [
+    ("raises", "raised RuntimeError: agent crashed on"),
+    ("hangs", "timed out after 0.5 s"),
+    ("own_timeout", "raised TimeoutError"),
+    ("no_reward", "reward was never set"),
+    ("nan_reward", "non-finite reward (nan)"),
+    ("big_reward", "returned reward 2.0, outside [0, 1]"),
+    ("negative_reward", "returned reward -0.5, outside [0, 1]"),
+    ("claims_correct", "returned reward 5.0, outside [0, 1]"),
+    ("returns_float", "returned float, not an art.Trajectory"),
+    ("returns_none", "returned NoneType, not an art.Trajectory"),
+]
+
+
+@pytest.mark.parametrize(("name", "reason"), FAULTS)
+async def test_a_failing_function_scores_zero_with_its_reason(
+    tmp_path: Path, name: str, reason: str
+) -> None:
+    task = load_task(str(scenario_file(tmp_path, case(name), timeout_s=0.5)))
+    scenario = task.splits["val"][0]
+    t = await rollout(offline_model(), scenario)
+    assert t.reward == 0.0 and t.metrics["rollout_error"] == 1.0 and t.metrics["correct"] == 0.0
+    assert reason in (rollout_failure(t) or "")
+    assert any(reason in line for line in t.logs)
+    assert t.metadata["scenario_id"] == scenario.id and reason in t.metadata["feedback"]
+
+
+async def test_every_rollout_failing_is_an_error_not_a_zero(tmp_path: Path) -> None:
+    task = load_task(str(scenario_file(tmp_path, case("raises"))))
+    with pytest.raises(RolloutsFailed, match=r"all 6 batch 0 rollouts failed.*agent crashed"):
+        await gather_groups(offline_model(), task.splits["train"][:3], 2, description="batch 0")
+    with pytest.raises(RolloutsFailed, match=r"all 3 val rollouts failed.*agent crashed"):
+        await evaluate(offline_model(), task.splits["val"])
+
+
+async def test_python_api_runs_a_callable_and_counts_failures() -> None:
+    async def half_right(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+        if record["a"] % 2:
+            raise ValueError("odd")
+        return art.Trajectory(reward=1.0)
+
+    task = rollout_task(half_right, source=SOURCE, name="half")
+    scenarios = task.splits["train"]
+    groups = await gather_groups(offline_model(), scenarios, 2, seed=0)
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    errors = [bool(t.metrics["rollout_error"]) for g in groups for t in g.trajectories]
+    odd = [s.x["a"] % 2 == 1 for s in scenarios for _ in range(2)]
+    assert errors == odd and rewards == [0.0 if e else 1.0 for e in errors]
+    assert 0 < sum(errors) < len(errors)  # this record set has both kinds
+    # nothing was sampled by the failed ones: training gets the rest only
+    kept = [len(g.trajectories) for g in trainable(groups)]
+    assert kept == [0 if s.x["a"] % 2 else 2 for s in scenarios]
+    report = await evaluate(offline_model(), task.splits["val"])
+    odd_val = sum(s.x["a"] % 2 for s in task.splits["val"])
+    assert report.errors == odd_val and "odd" in (report.first_error or "")
+    assert math.isclose(report.accuracy, (3 - odd_val) / 3)
+
+
+def test_a_function_without_context_cannot_run_gepa_and_ei_is_refused(tmp_path: Path) -> None:
+    from art_rlvr.ei.config import EIConfig
+    from art_rlvr.ei.config import start_problem as ei_problem
+    from art_rlvr.gepa.config import GEPAConfig
+    from art_rlvr.gepa.start import start_problem as gepa_problem
+
+    two = load_task(str(scenario_file(tmp_path, case("always_right"))))
+    problem = gepa_problem(GEPAConfig(), two, "prompt")
+    assert problem and "third parameter" in problem and "context.system_prompt" in problem
+    three = load_task(str(scenario_file(tmp_path, case("answer"))))
+    assert gepa_problem(GEPAConfig(pareto_size=2), three, "prompt") is None
+    assert "does not run on rollout functions" in (ei_problem(EIConfig(), three) or "")
+
+
+async def test_a_system_prompt_cannot_reach_a_function_without_context(tmp_path: Path) -> None:
+    task = load_task(str(scenario_file(tmp_path, case("always_right"))))
+    with pytest.raises(ValueError, match="takes \\(model, record\\) only"):
+        await rollout(offline_model(), task.splits["val"][0], system_prompt="another prompt")
+
+
+async def test_the_context_carries_prompt_sampling_and_seed(tmp_path: Path) -> None:
+    seen: list[RolloutContext] = []
+
+    async def spy(model: art.Model, record: dict[str, Any], context: RolloutContext):
+        seen.append(context)
+        return art.Trajectory(reward=0.5)
+
+    task = rollout_task(spy, source=SOURCE, system_prompt="default prompt")
+    sc = task.splits["val"][0]
+    sampling = SamplingConfig(max_tokens=7, temperature=0.3, seed=11)
+    t = await rollout(offline_model(), sc, system_prompt="evolved", sampling=sampling, step=2)
+    assert seen[0].system_prompt == "evolved" and seen[0].seed == 11 and seen[0].step == 2
+    assert seen[0].sampling.max_tokens == 7 and seen[0].scenario_id == sc.id
+    assert t.reward == 0.5 and t.metrics["correct"] == 0.0  # is_correct's rule: reward >= 1
+    await rollout(offline_model(), sc)
+    assert seen[1].system_prompt == "default prompt"
+
+
+def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> None:
+    """`mode=eval` through the CLI on a `[rollout]` scenario: the function's requests reach the
+    policy's endpoint and the reward it sets decides pass@k and pass^k (against a reference
+    computed from the journaled rows); a second run reuses every rollout."""
+    from test_eval_any_model import base_env, cli
+
+    from art_rlvr.evaluation import pass_all_k, pass_at_k
+
+    path = scenario_file(tmp_path, case("answer"))
+    val = load_task(str(path)).splits["val"]
+    every_answer = " ".join(str(s.x["answer"]) for s in val)  # right for any item
+    script = [Step.reply(every_answer), Step.reply("no idea")] * len(val)
+    args = [
+        f"scenario={path}", "mode=eval", "policy.model=openai/scripted", "eval_samples=2",
+        "eval_temperature=1.0", f"run_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    with ScriptedServer(script) as llm:
+        done = cli([*args, f"policy.api_base={llm.base_url}"], base_env())
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert len(llm.requests) == 6
+        again = cli([*args, f"policy.api_base={llm.base_url}", "resume=true"], base_env())
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert len(llm.requests) == 6  # nothing asked twice
+    folder = next((tmp_path / "run" / "evals").glob("val_*"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["rollouts"] == 6 and meta["errors"] == 0 and meta["reused_rollouts"] == 6
+    rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    correct = {s.id: sum(r["row"]["correct"] for r in rows if r["item"] == s.id) for s in val}
+    assert sum(correct.values()) == 3
+    for k in (1, 2):
+        assert meta["pass_at_k"][str(k)] == pytest.approx(
+            sum(pass_at_k(2, c, k) for c in correct.values()) / 3
+        )
+        assert meta["pass_all_k"][str(k)] == pytest.approx(
+            sum(pass_all_k(2, c, k) for c in correct.values()) / 3
+        )
+
+
+def test_cli_eval_where_every_rollout_fails_exits_with_the_cause(tmp_path: Path) -> None:
+    from test_eval_any_model import base_env, cli
+
+    path = scenario_file(tmp_path, case("raises"))
+    args = [f"scenario={path}", "mode=eval", "policy.model=openai/scripted",
+            "policy.api_base=http://127.0.0.1:9/v1", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = cli(args, base_env())
+    assert done.returncode == 1
+    assert "rollouts failed" in done.stderr and "agent crashed" in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "agent crashed" in summary["failed"]
+
+
+async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, make_model):
+    """RL on rollout functions with the real model: one function keeps ART's `Choice`s, one
+    keeps nothing (art_rlvr's capture scope records its request); both train on served ids."""
+    model = await make_model("rf")
+    for name in ("answer", "captured"):
+        path = tmp_path / name
+        path.mkdir()
+        task = load_task(str(scenario_file(path, case(name), timeout_s=300)))
+        groups = await gather_groups(
+            model, task.splits["train"][:2], 2, sampling=SamplingConfig(max_tokens=6), seed=0
+        )
+        trajectories = [t for g in groups for t in g.trajectories]
+        assert all(t.metrics["rollout_error"] == 0.0 for t in trajectories)
+        assert all(0 < t.metrics["completion_tokens"] <= 6 for t in trajectories)
+        if name == "captured":  # run files, GEPA and the report read the exchange
+            assert all(len(t.exchanges.chat_completions) == 1 for t in trajectories)
+            row = trajectory_row(trajectories[0])
+            reply = trajectories[0].exchanges.chat_completions[0].response.choices[0]
+            x = task.splits["train"][0].x
+            assert row["messages"] == [{"role": "user", "content": f"{x['a']} + {x['b']} ="}]
+            assert row["completion"] == (reply.message.content or "")
+            assert [m["role"] for m in turns(trajectories[0])] == ["user", "assistant"]
+        for g in groups:  # spread the rewards so that every group carries signal
+            for i, t in enumerate(g.trajectories):
+                t.reward = float(i % 2)
+        step = await model.get_step()
+        result = await model.backend().train(model, trainable(groups), learning_rate=1e-4)
+        assert result.step == step + 1 and result.metrics["turns_served"] == 4
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rollouts"
+
+
+@pytest.mark.slow
+def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
+    """docs/rollouts.md's OpenAI Agents SDK agent: `mode=rl` through the CLI's main with the
+    embedded model; its batch trains on the ids the server sampled (ART's client asks)."""
+    from test_eval_any_model import base_env, cli
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    done = cli(
+        [
+            f"scenario={EXAMPLES / 'agents_calc.toml'}", "mode=rl", "n_batches=1",
+            "groups_per_batch=1", "group_size=2", "val_limit=1", "eval_test=false",
+            f"run_dir={run}",
+        ],
+        base_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (train,) = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in events if e["event"] == "eval"] == [0, 1]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 1
+    assert train["trajectories"] == 2.0 and train["tokens_per_completion"] > 0
+    rows = [json.loads(line) for line in (run / "trajectories" / "train_0001.jsonl").open()]
+    assert len(rows) == 2 and all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    # the agent's last request and reply, read from ART's exchanges: instructions, question
+    assert all(r["messages"][0]["content"].startswith("Call the multiply tool") for r in rows)
+
+
+@pytest.mark.slow
+def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
+    """docs/rollouts.md's LangGraph agent through `art.langgraph`: `mode=eval` with two samples
+    per item; every rollout ran (none errored) and its episodes were kept."""
+    from test_eval_any_model import base_env, cli
+
+    monkeypatch.chdir(tmp_path)  # ART's wrap_rollout logs into ./.art/langgraph
+    run = tmp_path / "run"
+    done = cli(
+        [
+            f"scenario={EXAMPLES / 'langgraph_calc.toml'}", "mode=eval", "val_limit=2",
+            "eval_samples=2", "eval_temperature=1.0", f"run_dir={run}",
+        ],
+        base_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = next((run / "evals").glob("val_*"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["rollouts"] == 4 and meta["errors"] == 0
+    assert set(meta["pass_at_k"]) == {"1", "2"}
+    rows = [
+        json.loads(line)["row"] for line in (folder / "rollouts.jsonl").read_text().splitlines()
+    ]
+    assert all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    assert all(r["metrics"]["completion_tokens"] > 0 for r in rows)  # LangChain's usage
+    # the forced call, the tool's product, then the reply are kept (a call cut by max_tokens
+    # at temperature 1 is no call, so not every episode has one)
+    episodes = [r["messages"] + r.get("tail", []) for r in rows]
+    assert any(
+        any("multiply" in json.dumps(m.get("tool_calls")) for m in turns_)
+        and any(m["role"] == "tool" for m in turns_)
+        for turns_ in episodes
+    )
+
+
+async def test_gepa_evolves_the_prompt_a_rollout_function_receives(tmp_path: Path) -> None:
+    """GEPA on a rollout function, reflecting through a scripted reflector on loopback: the
+    candidate reaches the function as `context.system_prompt`, and the better one wins."""
+    from art_rlvr.gepa.config import GEPAConfig
+    from art_rlvr.gepa.optimizer import optimize_prompt
+
+    task = load_task(str(scenario_file(tmp_path, case("prompt_judged"))))
+    better = "Check twice, then reply with only the number."
+    reply = Step.reply(f"Here is the improved instruction:\n```\n{better}\n```")
+    with pytest.MonkeyPatch.context() as patch, ScriptedServer([], default=reply) as server:
+        patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
+        config = GEPAConfig(
+            reflection={"model": "openai/scripted", "api_base": server.base_url,
+                        "api_key_env": "SCRIPTED_ROLLOUT_KEY", "timeout_s": 5.0},
+            max_metric_calls=40, pareto_size=3, traces_per_iteration=2, group_size=2,
+            max_iterations=2, report_val_limit=0,
+        )  # fmt: skip
+        result = await optimize_prompt(
+            offline_model(), task, config=config, run_dir=tmp_path / "gepa"
+        )
+        asked = server.chat_requests
+    assert asked and "wrong: the prompt should say check twice" in json.dumps(asked[0].body)
+    assert result.best_prompt == better and result.seed_prompt == "Reply with only the number."
+
+
+def test_docs_show_the_examples_verbatim() -> None:
+    """docs/rollouts.md's examples are the files the slow tests run, so they cannot go stale."""
+    docs = (EXAMPLES.parents[1] / "rollouts.md").read_text()
+    for name in ("agents_calc.py", "agents_calc.toml", "langgraph_calc.py"):
+        assert (EXAMPLES / name).read_text() in docs, f"docs/rollouts.md lacks {name}"
+
+
+@pytest.mark.parametrize(
+    ("function", "mode", "message"),
+    [
+        ("always_right", "gepa", "takes (model, record) only; GEPA evolves the system prompt"),
+        ("answer", "ei", "expert iteration does not run on rollout functions yet"),
+    ],
+)
+def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
+    tmp_path: Path, function: str, mode: str, message: str
+) -> None:
+    from test_eval_any_model import base_env, cli
+
+    path = scenario_file(tmp_path, case(function))
+    done = cli([f"scenario={path}", f"mode={mode}", f"run_dir={tmp_path / 'run'}"], base_env())
+    assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run folder exists
