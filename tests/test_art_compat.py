@@ -91,9 +91,17 @@ async def test_pipeline_trainer_defaults_advance_serve_and_resume(
     assert await model.get_step() == 3
     assert model.get_inference_name() == f"{model.name}@3"
     assert all(name == f"{model.name}@{step}" for step, name in seen)
-    # which steps the two workers happen to start rollouts at is ART's scheduling (queued groups
-    # of step 0 may feed steps 1 and 2); that later steps served rollouts, by name, is ours
-    assert len({step for step, _ in seen} - {0}) >= 2, seen
+    # which steps the two workers start rollouts at is ART's scheduling (queued groups of step 0
+    # may feed steps 1 and 2): rollouts after training used a later step, and each step's own
+    # weights answer to its name (the policy span names the step that sampled)
+    assert {step for step, _ in seen} - {0}, seen
+    for step in (1, 2, 3):
+        response = await model.openai_client().chat.completions.create(
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            model=f"{model.name}@{step}",
+            max_tokens=2,
+        )
+        assert response.choices[0].model_extra["policy_token_spans"][0]["policy_version"] == step
     history = art_path / "tests" / "models" / model.run_name / "history.jsonl"
     evaluated = [json.loads(line) for line in history.read_text().splitlines()]
     # ART's evaluation checks every Choice's policy spans; one missing fails the evaluation
