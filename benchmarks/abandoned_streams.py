@@ -2,7 +2,7 @@
 TorchBackend's server (real HTTP on loopback), in one process.
 
 - `alone`: `n` streaming clients, each reading all `--tokens` forced tokens;
-- `with quitters`: the same `n` clients, plus `n` more that hang up after 4 chunks.
+- `with quitters`: the same `n` clients, plus `n` more that hang up after 4 tokens.
 
 The figure is the survivors' throughput (their tokens / the time until the last of them is
 done) with quitters over the same clients alone: 1.0 when an abandoned stream costs nothing
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -25,20 +26,22 @@ import httpx
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
 
-QUIT_AFTER = 4  # chunks a quitter reads before it hangs up
+QUIT_AFTER = 4  # tokens a quitter reads before it hangs up
 
 
 async def stream(client: httpx.AsyncClient, body: dict, stop_after: int | None) -> int:
-    """Token chunks read from one streamed completion; with `stop_after`, hang up then."""
-    chunks = 0
+    """Tokens read from one streamed completion (counted by the chunks' `token_ids`: a token
+    may add no text yet, e.g. half a character); with `stop_after`, hang up then."""
+    tokens = 0
     async with client.stream("POST", "/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if line.startswith("data: {") and '"content":' in line:
-                chunks += 1
-                if stop_after is not None and chunks >= stop_after:
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                tokens += sum(len(c.get("token_ids") or []) for c in chunk.get("choices", []))
+                if stop_after is not None and tokens >= stop_after:
                     break  # leaving the block closes the connection
-    return chunks
+    return tokens
 
 
 async def survivors_rate(client: httpx.AsyncClient, body: dict, n: int, quitters: int) -> float:
@@ -46,8 +49,8 @@ async def survivors_rate(client: httpx.AsyncClient, body: dict, n: int, quitters
     started = time.perf_counter()
 
     async def survivor(i: int) -> float:
-        chunks = await stream(client, {**body, "seed": i}, None)
-        assert chunks >= body["max_tokens"], chunks  # every forced token arrived
+        tokens = await stream(client, {**body, "seed": i}, None)
+        assert tokens == body["max_tokens"], tokens  # every forced token arrived
         return time.perf_counter()
 
     quits = [stream(client, {**body, "seed": n + i}, QUIT_AFTER) for i in range(quitters)]
@@ -75,6 +78,7 @@ async def main() -> None:
             "ignore_eos": True,
             "temperature": 1.0,
             "stream": True,
+            "return_token_ids": True,
         }
         headers = {"Authorization": f"Bearer {model.inference_api_key}"}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -91,12 +95,13 @@ async def main() -> None:
         engine = next(iter(backend._bases.values())).engine
         cancelled = engine.stats.cancelled_requests
         await backend.close()
-    ratio = statistics.median(q / a for q, a in zip(*rates.values(), strict=True))
+    pairs = zip(rates["alone"], rates["with quitters"], strict=True)
+    ratio = statistics.median(quit / alone for alone, quit in pairs)
     print(f"{args.clients} streaming clients x {args.tokens} tokens, median of {args.repeats}")
     for name, values in rates.items():
         print(f"  {name:>13}: survivors {statistics.median(values):6.1f} tok/s")
     print(
-        f"with {args.clients} quitters (after {QUIT_AFTER} chunks) / alone: {ratio:.2f}; "
+        f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f}; "
         f"{cancelled} requests cancelled; load average at the end: {os.getloadavg()[0]:.2f}"
     )
 
