@@ -15,7 +15,9 @@ from typing import Any
 
 import art
 import pytest
+from openai.types.chat.chat_completion import Choice
 
+from art_rlvr.ei.hints import hinted_system
 from art_rlvr.evaluation import evaluate
 from art_rlvr.outcome import turns
 from art_rlvr.records import RolloutsFailed
@@ -171,7 +173,7 @@ async def test_python_api_runs_a_callable_and_counts_failures() -> None:
     assert math.isclose(report.accuracy, (3 - odd_val) / 3)
 
 
-def test_a_function_without_context_cannot_run_gepa_and_ei_is_refused(tmp_path: Path) -> None:
+def test_a_function_without_context_cannot_run_gepa_or_ei(tmp_path: Path) -> None:
     from art_rlvr.ei.config import EIConfig
     from art_rlvr.ei.config import start_problem as ei_problem
     from art_rlvr.gepa.config import GEPAConfig
@@ -180,9 +182,11 @@ def test_a_function_without_context_cannot_run_gepa_and_ei_is_refused(tmp_path: 
     two = load_task(str(scenario_file(tmp_path, case("always_right"))))
     problem = gepa_problem(GEPAConfig(), two, "prompt")
     assert problem and "third parameter" in problem and "context.system_prompt" in problem
+    problem = ei_problem(EIConfig(), two)
+    assert problem and "third parameter" in problem and "context.system_prompt" in problem
     three = load_task(str(scenario_file(tmp_path, case("answer"))))
     assert gepa_problem(GEPAConfig(pareto_size=2), three, "prompt") is None
-    assert "does not run on rollout functions" in (ei_problem(EIConfig(), three) or "")
+    assert ei_problem(EIConfig(), three) is None
 
 
 async def test_a_system_prompt_cannot_reach_a_function_without_context(tmp_path: Path) -> None:
@@ -392,7 +396,7 @@ def test_docs_show_the_examples_verbatim() -> None:
     ("function", "mode", "message"),
     [
         ("always_right", "gepa", "takes (model, record) only; GEPA evolves the system prompt"),
-        ("answer", "ei", "expert iteration does not run on rollout functions yet"),
+        ("always_right", "ei", "expert iteration hands a hinted attempt its hint in"),
     ],
 )
 def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
@@ -404,3 +408,116 @@ def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
     done = cli([f"scenario={path}", f"mode={mode}", f"run_dir={tmp_path / 'run'}"], base_env())
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "run").exists()  # refused before the run folder exists
+
+
+# ------------------------------------------------------------------ expert iteration
+
+HINT = "Marker-K4 add the ones first, then carry"
+CLEAN = "Reply with only the number."
+
+
+def sampled(text: str) -> Choice:
+    """A sampled turn as ART's client returns it, with the server's token data."""
+    return Choice.model_validate(
+        {"index": 0, "finish_reason": "stop", "prompt_token_ids": [1, 2], "token_ids": [3],
+         "message": {"role": "assistant", "content": text}}
+    )  # fmt: skip
+
+
+def hinted_episode(system: list[dict[str, str]], reply: str = "7") -> art.Trajectory:
+    user = {"role": "user", "content": "What is 3 + 4?"}
+    tool = {"role": "tool", "content": "4 + 3 = 7", "tool_call_id": "c1"}
+    return art.Trajectory(
+        messages_and_choices=[*system, user, sampled("call"), tool, sampled(reply)], reward=1.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("clean", "system", "expected"),
+    [
+        (CLEAN, [{"role": "system", "content": hinted_system(CLEAN, HINT)}], [CLEAN]),
+        ("", [{"role": "system", "content": hinted_system("", HINT)}], []),  # the message goes
+        (CLEAN, [{"role": "system", "content": CLEAN}], None),  # context ignored: no hint sent
+        (CLEAN, [{"role": "system", "content": hinted_system(CLEAN, HINT)}] * 2, None),
+        (CLEAN, [], None),
+    ],
+)
+def test_a_functions_hinted_episode_gets_its_clean_system_prompt_back(
+    clean: str, system: list[dict[str, str]], expected: list[str] | None
+) -> None:
+    from art_rlvr.ei.relabel import hint_leaks, opening_of, relabel_function_episode
+
+    episode = hinted_episode(system)
+    out = relabel_function_episode(episode, clean, hinted_system(clean, HINT))
+    if expected is None:
+        assert out is None
+        return
+    assert out is not None
+    items = out.messages_and_choices
+    assert [m["content"] for m in opening_of(out) if m["role"] == "system"] == expected
+    assert [m["role"] for m in turns(out)] == [*(["system"] * len(expected)), "user",
+                                               "assistant", "tool", "assistant"]  # fmt: skip
+    assert [m["content"] for m in turns(out)[-4:]] == ["What is 3 + 4?", "call", "4 + 3 = 7", "7"]
+    assert all(not (i.model_extra or {}) for i in items if not isinstance(i, dict))
+    assert "Marker-K4" not in json.dumps(turns(out)) and not hint_leaks(
+        out, HINT, len(expected) + 1
+    )
+    assert out.metadata["relabelled"] is True and out.reward == 1.0
+
+
+def test_a_hint_echoed_by_the_function_is_caught_after_relabelling() -> None:
+    from art_rlvr.ei.relabel import hint_leaks, opening_of, relabel_function_episode
+
+    system = [{"role": "system", "content": hinted_system(CLEAN, HINT)}]
+    echo = hinted_episode(system, reply="add the ones first, then carry: 7")
+    out = relabel_function_episode(echo, CLEAN, hinted_system(CLEAN, HINT))
+    assert out is not None and hint_leaks(out, HINT, len(opening_of(out))) == [4]
+
+
+async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
+    tmp_path: Path, backend, make_model
+) -> None:
+    """A round of EI on a rollout function with the embedded model and a scripted teacher over
+    loopback: hinted attempts receive the hint in `context.system_prompt`, correct ones are
+    relabelled to the clean prompt, and nothing distilled carries the hint."""
+    import time
+
+    from art_rlvr.config import parse_args
+    from art_rlvr.ei.expert import sft_trajectories
+    from art_rlvr.ei.records import RoundBuffer
+    from art_rlvr.loops.context import RunContext
+    from art_rlvr.loops.ei import run_ei
+    from art_rlvr.runfiles import RunFiles
+
+    task = load_task(str(scenario_file(tmp_path, case("answer"), timeout_s=300)))
+    model = await make_model("rf-ei")
+    run = tmp_path / "run"
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        ScriptedServer([], default=Step.reply(HINT)) as server,
+    ):
+        patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
+        args = {"mode": "ei", "run_dir": run, "max_tokens": 12, "val_limit": 1,
+                "eval_test": "false", "rounds": 1, "scenarios_per_round": 6, "group_size": 1,
+                "hinted_samples_per_x": 6, "sft_epochs": 1, "enable_teacher_hints": "true",
+                "answer_field": "answer", "teacher.model": "openai/scripted",
+                "teacher.api_base": server.base_url, "teacher.api_key_env": "SCRIPTED_ROLLOUT_KEY",
+                "teacher.timeout_s": 5, "teacher.max_retries": 0}  # fmt: skip
+        cfg = parse_args([f"{k}={v}" for k, v in args.items()])
+        ctx = RunContext(cfg, task, backend, model, RunFiles(run), time.monotonic())
+        await run_ei(ctx, cfg.ei)
+        asked = [json.dumps(r.body) for r in server.chat_requests]
+    (stats,) = [m for m in ctx.files.metrics() if m["event"] == "ei_round"]
+    unsolved = stats["scenarios"] - stats["clean_solved"]
+    assert unsolved >= 2 and stats["hints_generated"] == unsolved == len(asked)
+    assert all("What is" in a for a in asked)  # the problem as the function's attempt sent it
+    assert stats["hinted_attempts"] == 6 * unsolved and stats["hinted_unrelabelled"] == 0
+    hinted = [json.loads(line) for line in (run / "trajectories" / "hinted_0000.jsonl").open()]
+    assert hinted and all(HINT in json.dumps(row) for row in hinted)  # the hint reached the agent
+    assert stats["recovered"] >= 1 and stats["examples_from_hints"] >= 1
+    buffer = RoundBuffer.model_validate_json((run / "ei" / "round_0000.json").read_text())
+    for example in buffer.examples:
+        assert [m["content"] for m in example.messages if m["role"] == "system"] == [CLEAN]
+    trained = json.dumps([t.model_dump(mode="json") for t in sft_trajectories(buffer, cfg.ei)])
+    assert "Marker-K4" not in trained and "Hint" not in trained
+    assert stats["trained"]

@@ -127,12 +127,11 @@ def start_problem(config: EIConfig, task: Task) -> str | None:
     """Why expert iteration cannot run on `task` (an empty train split, a teacher without the
     gold answer field, a search tool_choice the scenario has no tool for), or None. Pure and
     light: the CLI asks before any model loads, the loop again when it starts."""
-    if task.rollout_fn is not None:
+    if task.rollout_fn is not None and not task.rollout_fn.takes_context:
         return (
-            f"scenario {task.name} runs rollout function {task.rollout_fn.ref!r}; expert "
-            "iteration does not run on rollout functions yet (it relabels episodes to the "
-            "scenario's own prompt, which a rollout function builds itself): use mode=rl, "
-            "mode=eval or mode=gepa"
+            f"rollout function {task.rollout_fn.ref!r} takes (model, record) only; expert "
+            "iteration hands a hinted attempt its hint in `context.system_prompt`: add a third "
+            "parameter `context` and send `context.system_prompt` as the system message"
         )
     train = task.splits["train"]
     if not train:

@@ -15,6 +15,7 @@ to the clean prompt, leak-check every turn, keep the best) -> `hint_reliance` ->
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -25,9 +26,15 @@ from typing import Any
 import art
 
 from art_rlvr.ei.config import EIConfig
-from art_rlvr.ei.hints import HintOutcome, hinted_prompt, obtain_hint
+from art_rlvr.ei.hints import HintOutcome, hinted_prompt, hinted_system, obtain_hint
 from art_rlvr.ei.records import RoundBuffer
-from art_rlvr.ei.relabel import clean_messages, relabel, relabel_for_rl
+from art_rlvr.ei.relabel import (
+    clean_messages,
+    clean_opening,
+    message_text,
+    relabel,
+    relabel_for_rl,
+)
 from art_rlvr.ei.stages import (
     Hinted,
     Recovered,
@@ -58,33 +65,35 @@ class RoundOutput:
     hinted_groups: list[art.TrajectoryGroup]
 
 
-async def sample_messages(
-    model: art.Model,
-    scenario: Scenario,
-    messages: list[dict[str, str]],
-    sampling: SamplingConfig,
-) -> art.Trajectory:
-    """A rollout of arbitrary messages (the hinted prompt), scored by the scenario's reward."""
-    return await rollout(
-        model, scenario, sampling=sampling, messages=messages, metadata={"hinted": True}
-    )
-
-
 async def hinted_group(
     model: art.Model,
     scenario: Scenario,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, str]] | None,
     n: int,
     sampling: SamplingConfig,
     seed: int,
+    *,
+    system_prompt: str | None = None,
 ) -> art.TrajectoryGroup:
-    """`n` seeded rollouts that open with `messages` (the hinted prompt); an episode scenario's
-    rollout takes the same opening, so the hint stays in the opening of its episodes."""
+    """`n` seeded rollouts that open with `messages` (the hinted prompt; an episode scenario's
+    rollout takes the same opening, so the hint stays in the opening of its episodes), or, for
+    a rollout function, that receive the hinted `system_prompt`; the scenario's reward scores
+    them."""
     configs = [
         sampling.model_copy(update={"seed": rollout_seed(seed, scenario.id, i)}) for i in range(n)
     ]
     return await art.trajectory_group(
-        [sample_messages(model, scenario, messages, c) for c in configs],
+        [
+            rollout(
+                model,
+                scenario,
+                system_prompt=system_prompt,
+                sampling=c,
+                messages=messages,
+                metadata={"hinted": True},
+            )
+            for c in configs
+        ],
         metadata={"scenario_id": scenario.id, "hinted": True},
         return_exceptions=False,
     )
@@ -114,11 +123,23 @@ async def sample_attempts(
     )
 
 
+def problem_text(
+    scenario: Scenario, clean: art.TrajectoryGroup, system_prompt: str | None, answer_field: str
+) -> str:
+    """The problem as the student saw it: the last user message of its clean prompt (a rollout
+    function's, as its first attempt sent it), else the record without its answer field."""
+    for t in clean.trajectories:
+        opening = clean_opening(scenario, system_prompt, t)
+        if said := [message_text(m) for m in opening if m.get("role") == "user"]:
+            return said[-1]
+    return json.dumps({k: v for k, v in scenario.x.items() if k != answer_field}, default=str)
+
+
 async def ask_teacher(
     teacher: LLMClient,
     scenario: Scenario,
     clean: art.TrajectoryGroup,
-    messages: Sequence[dict[str, str]],
+    problem: str,
     config: EIConfig,
 ) -> HintOutcome:
     """The teacher sees the problem as the student saw it, the gold answer, the reference
@@ -126,7 +147,7 @@ async def ask_teacher(
     return await obtain_hint(
         teacher,
         scenario_id=scenario.id,
-        problem=messages[-1]["content"],
+        problem=problem,
         answer=gold_answer(scenario, config.answer_field),
         solution=reference_solution(scenario, config.solution_field),
         attempt=most_common_failure(clean.trajectories),
@@ -146,16 +167,30 @@ async def hint_and_retry(
     sampling: SamplingConfig,
     seed: int,
 ) -> Hinted:
-    """Hint one unsolved scenario and sample under the hinted prompt."""
-    messages = list(clean_messages(scenario, system_prompt))
+    """Hint one unsolved scenario and sample under the hinted prompt (a rollout function:
+    under the hinted system prompt it is handed)."""
+    problem = problem_text(scenario, clean, system_prompt, config.answer_field)
     async with gate:  # one scenario's whole conversation at a time per slot: a stable order
-        outcome = await ask_teacher(teacher, scenario, clean, messages, config)
+        outcome = await ask_teacher(teacher, scenario, clean, problem, config)
     if outcome.hint is None:
         return Hinted(scenario, clean, outcome, None)
-    prompt = hinted_prompt(messages, outcome.hint)
+    if scenario.task.rollout_fn is None:
+        prompt, system = (
+            hinted_prompt(list(clean_messages(scenario, system_prompt)), outcome.hint),
+            None,
+        )
+    else:
+        base = scenario.task.default_system_prompt if system_prompt is None else system_prompt
+        prompt, system = None, hinted_system(base, outcome.hint)
     try:
         group = await hinted_group(
-            model, scenario, prompt, config.hinted_samples, sampling, seed=seed
+            model,
+            scenario,
+            prompt,
+            config.hinted_samples,
+            sampling,
+            seed=seed,
+            system_prompt=system,
         )
     except Exception as error:  # a failed rollout group is counted, like ART's max_exceptions
         log.error("hinted rollouts of %s failed: %s", scenario.id, error)
@@ -220,6 +255,9 @@ async def hint_reliance(
     the last reply alone would ignore the turns before it)."""
     kept = [(r, t) for r in recovered for t in r.best]
     if not (config.hint_reliance and kept):
+        return None
+    if any(r.hinted.scenario.task.rollout_fn is not None for r, _ in kept):
+        log.info("hint reliance: n/a for rollout functions (they build their own prompts)")
         return None
     if not all(single_reply(t) for _, t in kept):
         log.info("hint reliance: n/a for multi-turn episodes")

@@ -118,6 +118,13 @@ def hinted_prompt(messages: Sequence[dict[str, str]], hint: str) -> list[dict[st
     raise ValueError("no user message to attach a hint to")
 
 
+def hinted_system(system_prompt: str, hint: str) -> str:
+    """The system prompt a rollout function's hinted attempts receive: the clean one, then the
+    hint. A rollout function builds its own messages, so its system prompt (which it must send
+    verbatim, as for GEPA) is the one place art_rlvr can put a hint and find it again."""
+    return f"{system_prompt}\n\n{HINT_PREFIX}{hint}" if system_prompt else f"{HINT_PREFIX}{hint}"
+
+
 def hint_messages(
     messages: list[dict[str, str]], previous_reply: str, verdict: str
 ) -> list[dict[str, str]]:

@@ -44,7 +44,7 @@ class DistillExample(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     scenario_id: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     completion: str
     reward: float
     source: Literal["clean", "hinted"]
@@ -66,7 +66,7 @@ class RLGroup(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     scenario_id: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     completions: tuple[str, ...]  # each episode's last sampled text (for reading the buffer)
     rewards: tuple[float, ...]
     relabelled: tuple[bool, ...]  # True where the episode came from a hinted rollout
@@ -132,6 +132,7 @@ class RoundStats(BaseModel):
     hinted_accuracy: float | None = None
     hinted_solve_rate: float | None = None  # over scenarios that got a hint
     hinted_echo_rejected: int = 0  # correct hinted completions that quote the hint: not kept
+    hinted_unrelabelled: int = 0  # a rollout function's hinted episodes it did not hint as told
     recovered: int = 0  # unsolved clean, solved with the hint (by a completion that was kept)
     examples_distilled: int = 0
     examples_from_hints: int = 0

@@ -4,10 +4,12 @@ A hint goes only into the opening of an episode (the messages before its first s
 `hinted_prompt` appends it to the last user message there). `relabel_episode` works on the
 `art.Trajectory` itself: it swaps that opening for the clean one (rebuilt from the scenario,
 never taken from the rollout) and keeps every later turn, tool results and the environment's
-messages as they were and each sampled `Choice` with its text and tool calls. `hint_leaks`
-then checks every turn of the relabelled episode for the hint. The round buffer keeps the
-episode after its opening (`Episode`, JSON), so SFT (`relabel`) and RL (`relabel_for_rl`)
-rebuild the same trajectories after a resume.
+messages as they were and each sampled `Choice` with its text and tool calls. A rollout
+function builds its own messages, so its hint goes into the system prompt it is handed
+(`hinted_system`) and `relabel_function_episode` puts the clean system prompt back in that one
+message. `hint_leaks` then checks every turn of the relabelled episode for the hint. The round
+buffer keeps the episode after its opening (`Episode`, JSON), so SFT (`relabel`) and RL
+(`relabel_for_rl`) rebuild the same trajectories after a resume.
 """
 
 from __future__ import annotations
@@ -19,16 +21,52 @@ from typing import Any
 import art
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.ei.hints import echoes_hint, hinted_prompt
+from art_rlvr.ei.hints import echoes_hint, hinted_prompt, hinted_system
 from art_rlvr.ei.records import DistillExample, Episode, RLGroup
 from art_rlvr.leakage import quotes
 from art_rlvr.outcome import as_message, completion_text, is_correct, is_sampled, turns
+from art_rlvr.outcome import episode_items as trajectory_items
 from art_rlvr.scenario import Scenario
 
 
 def clean_messages(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, str], ...]:
     """Exactly the messages a clean rollout of `scenario` sends."""
     return tuple(dict(m) for m in scenario.messages(system_prompt))
+
+
+def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, Any], ...]:
+    """The messages before a trajectory's first sampled turn (for a rollout function's captured
+    exchanges, those of its last request)."""
+    items = trajectory_items(trajectory)
+    first = next((i for i, item in enumerate(items) if is_sampled(item)), len(items))
+    return tuple(dict(m) for m in items[:first])
+
+
+def clean_opening(
+    scenario: Scenario, system_prompt: str | None, trajectory: art.Trajectory
+) -> tuple[dict[str, Any], ...]:
+    """The prompt an attempt is distilled under: the scenario's own, rebuilt (never taken from
+    a rollout); a rollout function builds its own, so its clean or relabelled attempt's."""
+    if scenario.task.rollout_fn is None:
+        return clean_messages(scenario, system_prompt)
+    return opening_of(trajectory)
+
+
+def shared_opening(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, Any], ...]:
+    """The prompt a `distill=rl` group shares: the scenario's clean one. A rollout function's
+    episodes each keep their own opening (an agent may word it differently every time)."""
+    return () if scenario.task.rollout_fn is not None else clean_messages(scenario, system_prompt)
+
+
+def relabel_hinted_episode(
+    scenario: Scenario, system_prompt: str | None, trajectory: art.Trajectory, hint: str
+) -> art.Trajectory | None:
+    """A hinted episode under the clean prompt, wherever the hint went in (None: a rollout
+    function's episode that cannot be relabelled)."""
+    if scenario.task.rollout_fn is None:
+        return relabel_episode(trajectory, clean_messages(scenario, system_prompt), hint)
+    clean = scenario.task.default_system_prompt if system_prompt is None else system_prompt
+    return relabel_function_episode(trajectory, clean, hinted_system(clean, hint))
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -47,7 +85,7 @@ def attempt_key(trajectory: art.Trajectory) -> tuple[str, ...]:
     """What makes two attempts the same: the text of each sampled turn (tool calls included)."""
     return tuple(
         message_text(as_message(item)).strip()
-        for item in trajectory.messages_and_choices
+        for item in trajectory_items(trajectory)
         if is_sampled(item)
     )
 
@@ -104,9 +142,19 @@ def relabel_episode(
     # its logprobs are p(turn | hinted), not the clean-prompt policy it is trained as, so both
     # go; the trainer re-renders each turn under the clean prompt and trains it on-policy (SFT
     # only ever uses the text).
-    later = [without_token_data(i) if is_sampled(i) else dict(i) for i in items[len(opening) :]]
+    return relabelled(trajectory, opening, items[len(opening) :])
+
+
+def relabelled(
+    trajectory: art.Trajectory, opening: Sequence[Mapping[str, Any]], later: Sequence[Any]
+) -> art.Trajectory:
+    """`trajectory` as the clean `opening` then its `later` items, sampled turns without the
+    token data they got under the hinted prompt."""
     return art.Trajectory(
-        messages_and_choices=[*opening, *later],
+        messages_and_choices=[
+            *[dict(m) for m in opening],
+            *[without_token_data(i) if is_sampled(i) else dict(i) for i in later],
+        ],
         tools=trajectory.tools,
         reward=trajectory.reward,
         metrics=dict(trajectory.metrics),
@@ -115,12 +163,34 @@ def relabel_episode(
     )
 
 
+def relabel_function_episode(
+    trajectory: art.Trajectory, clean_system: str, hinted_system: str
+) -> art.Trajectory | None:
+    """A rollout function's hinted episode with its clean system prompt back in the one
+    system message that carried `hinted_system` (dropped if the clean prompt is empty); None
+    where the function did not send that prompt verbatim before its first sampled turn, or
+    kept more than one history: then there is nothing art_rlvr can relabel."""
+    opening = list(opening_of(trajectory))
+    at = [
+        i
+        for i, m in enumerate(opening)
+        if m.get("role") == "system" and m.get("content") == hinted_system
+    ]
+    if len(at) != 1 or trajectory.additional_histories:
+        return None
+    later = trajectory_items(trajectory)[len(opening) :]
+    opening[at[0] : at[0] + 1] = (
+        [{**opening[at[0]], "content": clean_system}] if clean_system else []
+    )
+    return relabelled(trajectory, opening, later)
+
+
 def hint_leaks(trajectory: art.Trajectory, hint: str, opening: int = 0) -> list[int]:
     """Indices of the turns that carry the hint; every turn is checked. A sampled turn may not
     quote it (`echoes_hint`: four words in a row, or the word "hint"), nor may a given turn
     after the opening (a tool result, the environment's reply); the first `opening` messages,
     the clean prompt (which may share a phrase with a hint about it), may not hold all of it."""
-    items = trajectory.messages_and_choices
+    items = trajectory_items(trajectory)
     texts = [message_text(m) for m in turns(trajectory)]
     return [
         index
@@ -137,7 +207,7 @@ def episode_of(trajectory: art.Trajectory, opening: int, *, token_data: bool) ->
     """The turns after the first `opening` messages, as the buffer stores them; `token_data`
     keeps each sampled turn's token ids and logprobs (valid only under the prompt they were
     sampled with)."""
-    items = list(trajectory.messages_and_choices)[opening:]
+    items = trajectory_items(trajectory)[opening:]
     return Episode(
         turns=tuple(
             (i if token_data else without_token_data(i)).model_dump(mode="json")
@@ -167,7 +237,7 @@ def example_from(
 ) -> DistillExample:
     """An SFT example: the clean prompt and the episode's turns after its opening (SFT learns
     text only, so no token data is stored)."""
-    messages = clean_messages(scenario, system_prompt)
+    messages = clean_opening(scenario, system_prompt, trajectory)
     return DistillExample(
         scenario_id=scenario.id,
         messages=messages,

@@ -8,6 +8,7 @@ and RL groups of them; `round_stats` counts what happened.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -20,15 +21,18 @@ from art_rlvr.ei.hints import HintOutcome
 from art_rlvr.ei.records import DistillExample, HintRecord, RLGroup, RoundStats
 from art_rlvr.ei.relabel import (
     best_attempts,
-    clean_messages,
     example_from,
     hint_leaks,
-    relabel_episode,
+    opening_of,
+    relabel_hinted_episode,
     rl_group,
+    shared_opening,
 )
 from art_rlvr.outcome import is_correct, is_sampled, turns
 from art_rlvr.scenario import Scenario
 from art_rlvr.transcript import episode_text
+
+log = logging.getLogger(__name__)
 
 
 def gold_answer(scenario: Scenario, field: str) -> str:
@@ -51,9 +55,7 @@ def attempt_text(trajectory: art.Trajectory) -> str:
     of an episode after its opening (tool calls and results, the environment's replies),
     trimmed as GEPA's reflection trims it (art_rlvr.transcript: the last and the failing
     turns stay)."""
-    items = trajectory.messages_and_choices
-    first = next((i for i, item in enumerate(items) if is_sampled(item)), len(items))
-    return episode_text(turns(trajectory)[first:], ATTEMPT_CHARS).strip()
+    return episode_text(turns(trajectory)[len(opening_of(trajectory)) :], ATTEMPT_CHARS).strip()
 
 
 def most_common_failure(trajectories: Sequence[art.Trajectory]) -> str | None:
@@ -93,7 +95,7 @@ def select_solved(
             unsolved.append((scenario, group))
             continue
         examples += [example_from(scenario, system_prompt, t, "clean") for t in best]
-        messages = clean_messages(scenario, system_prompt)
+        messages = shared_opening(scenario, system_prompt)
         rl_groups.append(rl_group(scenario.id, messages, [(t, False) for t in trajectories]))
     trajectories = [t for g in groups for t in g.trajectories]
     return Selection(
@@ -131,6 +133,7 @@ class Verified:
     attempts: int = 0
     correct: int = 0
     echoed: int = 0  # correct relabelled episodes dropped because a turn carries the hint
+    unrelabelled: int = 0  # a rollout function's hinted episodes without the hinted prompt
 
 
 def relabel_hinted(
@@ -140,23 +143,37 @@ def relabel_hinted(
     which no turn carries the hint (`hint_leaks`)."""
     recovered: list[Recovered] = []
     records: list[HintRecord] = []
-    attempts = correct = echoed = 0
+    attempts = correct = echoed = unrelabelled = 0
     for item in hinted:
         record, hint = item.outcome.record, item.outcome.hint
         if item.group is not None and hint is not None:
-            clean = clean_messages(item.scenario, system_prompt)
-            relabelled = [relabel_episode(t, clean, hint) for t in item.group.trajectories]
-            usable = [t for t in relabelled if not hint_leaks(t, hint, len(clean))]
-            solved = sum(map(is_correct, relabelled))
-            attempts, correct = attempts + len(relabelled), correct + solved
-            echoed += solved - sum(map(is_correct, usable))
+            group = item.group.trajectories
+            relabelled = [
+                t
+                for t in (
+                    relabel_hinted_episode(item.scenario, system_prompt, t, hint) for t in group
+                )
+                if t is not None
+            ]
+            usable = [t for t in relabelled if not hint_leaks(t, hint, len(opening_of(t)))]
+            solved = sum(map(is_correct, group))
+            attempts, correct = attempts + len(group), correct + solved
+            echoed += sum(map(is_correct, relabelled)) - sum(map(is_correct, usable))
+            unrelabelled += len(group) - len(relabelled)
             record = record.model_copy(
-                update={"hinted_attempts": len(relabelled), "hinted_correct": solved}
+                update={"hinted_attempts": len(group), "hinted_correct": solved}
             )
             if best := best_attempts(usable, config.keep_per_x):
                 recovered.append(Recovered(item, best))
         records.append(record)
-    return Verified(recovered, records, attempts, correct, echoed)
+    if unrelabelled:
+        log.warning(
+            "%d hinted episodes of the rollout function did not send the hinted system prompt "
+            "(context.system_prompt) verbatim as a system message before their first sampled "
+            "turn: they cannot be relabelled to the clean prompt and are not distilled",
+            unrelabelled,
+        )
+    return Verified(recovered, records, attempts, correct, echoed, unrelabelled)
 
 
 def single_reply(trajectory: art.Trajectory) -> bool:
@@ -184,7 +201,7 @@ def hinted_training_data(
                 per_token.append(value / max(1.0, float(t.metrics.get("completion_tokens", 1))))
             examples.append(example_from(scenario, system_prompt, t, "hinted", value))
         failed = [(t, False) for t in r.hinted.clean.trajectories if not is_correct(t)]
-        messages = clean_messages(scenario, system_prompt)
+        messages = shared_opening(scenario, system_prompt)
         groups.append(rl_group(scenario.id, messages, [*((t, True) for t in r.best), *failed]))
     return examples, groups, per_token
 
@@ -235,6 +252,7 @@ def round_stats(
             len(verified.recovered), sum(o.hint is not None for o in outcomes)
         ),
         hinted_echo_rejected=verified.echoed,
+        hinted_unrelabelled=verified.unrelabelled,
         recovered=len(verified.recovered),
         examples_distilled=len(examples),
         examples_from_hints=sum(e.source == "hinted" for e in examples),
