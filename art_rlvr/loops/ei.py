@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -157,19 +158,85 @@ def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
         )
 
 
-async def finish_round(
+def round_totals(totals: Mapping[str, float], buffer: RoundBuffer) -> dict[str, float]:
+    """`totals` plus a round's counts (the names of `ei_round` events and the summary)."""
+    stats = buffer.stats.model_dump()
+    return {**totals, **{key: totals.get(key, 0) + stats[key] for key in _TOTALS}}
+
+
+def teacher_of(
+    ctx: RunContext, config: EIConfig, snapshot: dict[str, Any] | None
+) -> tuple[LLMClient | None, str | None]:
+    """The teacher client (and its name) with its counters restored from a saved state, or
+    (None, None) without teacher hints."""
+    if not config.enable_teacher_hints:
+        return None, None
+    return make_teacher(ctx.model, config, LLMCounters.restore(snapshot or {}))
+
+
+async def ei_round(
+    ctx: RunContext,
+    config: EIConfig,
+    index: int,
+    *,
+    system_prompt: str | None,
+    teacher: LLMClient | None,
+    pending: RoundBuffer | None,
+    pending_step: int | None,
+    keep: Callable[[RoundBuffer, int], None],
+    rounds: int,
+    tag: str = "",
+) -> tuple[RoundBuffer, dict[str, float] | None, float | None]:
+    """One expert-iteration round, the same in `mode=ei` and in a schedule's EI phase: collect,
+    `keep` the buffer (with the step before training: the caller writes it into its state)
+    before any weight changes, distil, and return (buffer, training metrics, seconds).
+
+    `pending` is a kept buffer found on resume: trained on again, unless the model is already
+    past `pending_step` (the kill came after training, before the bookkeeping)."""
+    if pending is not None:
+        if await ctx.model.get_step() > (pending_step or 0):
+            log.info("resuming: EI round %d had trained before the kill", pending.round + 1)
+            return pending, {"recovered_after_kill": 1.0}, None
+        log.info("resuming: training EI round %d on its saved buffer", pending.round + 1)
+        return pending, await distill_in_run(ctx, pending, config), None
+    began = time.monotonic()
+    output = await collect_round(
+        ctx.model,
+        ctx.task,
+        config,
+        index,
+        system_prompt=system_prompt,
+        teacher=teacher,
+        backend=ctx.backend,
+        max_exceptions=ctx.config.max_exceptions,
+    )
+    write_round_records(ctx.files, output, tag=tag)
+    keep(output.buffer, await ctx.model.get_step())  # the buffer is on disk before training
+    log_round(output.buffer, config, rounds)
+    metrics = await distill_in_run(ctx, output.buffer, config)
+    return output.buffer, metrics, time.monotonic() - began
+
+
+def pending_keeper(ctx: RunContext, state: EIState) -> Callable[[RoundBuffer, int], None]:
+    """Writes a collected round's buffer into `state.json` before it trains."""
+
+    def keep(buffer: RoundBuffer, step: int) -> None:
+        save(ctx, state.model_copy(update={"pending": buffer, "pending_step": step}))
+
+    return keep
+
+
+def finish_round(
     ctx: RunContext,
     state: EIState,
     buffer: RoundBuffer,
     train_metrics: dict[str, float] | None,
     teacher: LLMClient | None,
+    *,
+    step: int,
     seconds: float | None,
 ) -> EIState:
-    step = await ctx.model.get_step()
-    totals = dict(state.totals)
-    stats = buffer.stats.model_dump()
-    for key in _TOTALS:
-        totals[key] = totals.get(key, 0.0) + float(stats[key])
+    totals = round_totals(state.totals, buffer)
     totals["rounds_trained"] = totals.get("rounds_trained", 0.0) + float(train_metrics is not None)
     reliance = [e.hint_reliance for e in buffer.examples if e.hint_reliance is not None]
     totals["hint_reliance_sum"] = totals.get("hint_reliance_sum", 0.0) + sum(reliance)
@@ -237,63 +304,39 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
     fp = fingerprint(config, ctx.task.name, run.system_prompt)
     step = await ctx.model.get_step()
     state = load_state(ctx, fp, step)
-    teacher: LLMClient | None = None
-    teacher_name = None
-    if config.enable_teacher_hints:
-        counters = LLMCounters.restore(state.teacher_counters or {})
-        teacher, teacher_name = make_teacher(ctx.model, config, counters)
-
-    async def distill(buffer: RoundBuffer) -> dict[str, float] | None:
-        return await distill_in_run(ctx, buffer, config)
-
-    if state.pending is not None:  # killed after the buffer was saved
-        buffer = state.pending
-        if step > (state.pending_step or 0):
-            log.info("resuming: round %d had trained before the kill", buffer.round + 1)
-            state = await finish_round(
-                ctx, state, buffer, {"recovered_after_kill": 1.0}, teacher, None
-            )
-        else:
-            log.info("resuming: training round %d on its saved buffer", buffer.round + 1)
-            state = await finish_round(ctx, state, buffer, await distill(buffer), teacher, None)
-    elif state.rounds_done:
+    teacher, teacher_name = teacher_of(ctx, config, state.teacher_counters)
+    if state.pending is None and state.rounds_done:
         log.info("resuming at round %d of %d", state.rounds_done + 1, config.rounds)
 
     while True:
         r = state.rounds_done
-        if eval_due(r, config.rounds, config.eval_every_rounds) and str(r) not in state.evals:
-            report = await run_eval(ctx, r)
-            state = state.model_copy(
-                update={
-                    "evals": {**state.evals, str(r): report.accuracy},
-                    "eval_steps": {**state.eval_steps, str(r): await ctx.model.get_step()},
-                }
-            )
-            save(ctx, state)
-        if r >= config.rounds:
-            break
-        began = time.monotonic()
-        output = await collect_round(
-            ctx.model,
-            ctx.task,
+        if state.pending is None:  # a kept buffer's round was evaluated before it was collected
+            if eval_due(r, config.rounds, config.eval_every_rounds) and str(r) not in state.evals:
+                report = await run_eval(ctx, r)
+                state = state.model_copy(
+                    update={
+                        "evals": {**state.evals, str(r): report.accuracy},
+                        "eval_steps": {**state.eval_steps, str(r): await ctx.model.get_step()},
+                    }
+                )
+                save(ctx, state)
+            if r >= config.rounds:
+                break
+        buffer, train_metrics, seconds = await ei_round(
+            ctx,
             config,
             r,
             system_prompt=run.system_prompt,
             teacher=teacher,
-            backend=ctx.backend,
-            max_exceptions=run.max_exceptions,
+            pending=state.pending,
+            pending_step=state.pending_step,
+            keep=pending_keeper(ctx, state),
+            rounds=config.rounds,
         )
-        buffer = output.buffer
-        write_round_records(ctx.files, output)
-        state = state.model_copy(
-            update={"pending": buffer, "pending_step": await ctx.model.get_step()}
-        )
-        save(ctx, state)  # the EI buffer is on disk before any weight changes
-        log_round(buffer, config, config.rounds)
-        train_metrics = await distill(buffer)
-        state = await finish_round(
-            ctx, state, buffer, train_metrics, teacher, time.monotonic() - began
-        )
+        state = finish_round(
+            ctx, state, buffer, train_metrics, teacher,
+            step=await ctx.model.get_step(), seconds=seconds,
+        )  # fmt: skip
 
     evals = state.evals
     totals = state.totals

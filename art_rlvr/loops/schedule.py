@@ -20,7 +20,6 @@ command continues where it stopped: no step lost or repeated, the same prompt an
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -146,59 +145,33 @@ async def rl_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> Sched
 
 
 async def ei_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> ScheduleState:
-    """One expert-iteration round under the current `s`: sample, (hint,) relabel, distil."""
-    from art_rlvr.ei.expert import collect_round
-    from art_rlvr.ei.files import write_round_records
-    from art_rlvr.ei.hints import make_teacher
+    """One expert-iteration round under the current `s`: `mode=ei`'s round (`loops.ei.ei_round`),
+    its buffer kept in the schedule's state."""
     from art_rlvr.ei.records import RoundBuffer
-    from art_rlvr.llm import LLMCounters
-    from art_rlvr.loops.ei import book_round, distill_in_run
+    from art_rlvr.loops.ei import book_round, ei_round, round_totals, teacher_of
 
-    cfg, ei = ctx.config, ctx.config.ei
-    teacher = None
-    if ei.enable_teacher_hints:
-        counters = LLMCounters.restore(state.teacher_counters or {})
-        teacher, _ = make_teacher(ctx.model, ei, counters)
-    step = await ctx.model.get_step()
-    target = state.phase_target
-    if target is None:  # the step before this round trains
-        target = step
-        state = state.model_copy(update={"phase_target": target})
-        ctx.files.write_state(STATE, state)
-    if step > target:
-        log.info("EI round %d had trained before the kill", phase.round)
-        return state
-    if state.ei_buffer is not None:
-        buffer = RoundBuffer.model_validate(state.ei_buffer)
-    else:
-        output = await collect_round(
-            ctx.model,
-            ctx.task,
-            ei,
-            phase.round,
-            system_prompt=state.prompt,
-            teacher=teacher,
-            backend=ctx.backend,
-            max_exceptions=cfg.max_exceptions,
-        )
-        buffer = output.buffer
-        write_round_records(ctx.files, output, tag="_ei")
-        state = state.model_copy(update={"ei_buffer": buffer.model_dump(mode="json")})
-        ctx.files.write_state(STATE, state)
-    began = time.monotonic()
-    metrics = await distill_in_run(ctx, buffer, ei)
-    stats = buffer.stats.model_dump()
-    book_round(
+    ei = ctx.config.ei
+    teacher, _ = teacher_of(ctx, ei, state.teacher_counters)
+
+    def keep(buffer: RoundBuffer, step: int) -> None:
+        kept = {"ei_buffer": buffer.model_dump(mode="json"), "phase_target": step}
+        ctx.files.write_state(STATE, state.model_copy(update=kept))
+
+    pending = state.ei_buffer
+    buffer, metrics, seconds = await ei_round(
         ctx,
-        buffer,
-        step=await ctx.model.get_step(),
-        train_metrics=metrics,
-        seconds=time.monotonic() - began,
+        ei,
+        phase.round,
+        system_prompt=state.prompt,
+        teacher=teacher,
+        pending=RoundBuffer.model_validate(pending) if pending is not None else None,
+        pending_step=state.phase_target,
+        keep=keep,
+        rounds=ctx.config.rounds,
+        tag="_ei",
     )
-    totals = {
-        key: state.ei_totals.get(key, 0) + stats[key]
-        for key in ("examples_distilled", "recovered", "hints_generated", "teacher_errors")
-    }
+    book_round(ctx, buffer, step=await ctx.model.get_step(), train_metrics=metrics, seconds=seconds)
+    totals = {k: int(v) for k, v in round_totals(state.ei_totals, buffer).items()}
     counters = teacher.counters.snapshot() if teacher is not None else state.teacher_counters
     return state.model_copy(update={"ei_totals": totals, "teacher_counters": counters})
 
@@ -273,7 +246,7 @@ async def run_schedule(ctx: RunContext) -> dict[str, Any]:
         "reflection_errors": state.reflection_errors,
     }
     if cfg.with_expert_iteration:
-        # the same names as mode=ei's summary (`teacher_errors`: scenarios whose teacher call
+        # mode=ei's totals under its names (`teacher_errors`: scenarios whose teacher call
         # failed after retries), so the end-of-run summary and the report read them
         summary |= state.ei_totals
         summary["teacher_calls"] = (state.teacher_counters or {}).get("calls", 0)
