@@ -16,10 +16,7 @@ from art_rlvr.backend.chat_templates import resolve_chat_template
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backends import BackendName
 from art_rlvr.config_keys import (
-    ROLES,
-    RUN_RENAMED,
     ConfigError,
-    canonical,
     coerce_source_value,
     first_error,
     mask_secrets,
@@ -27,7 +24,7 @@ from art_rlvr.config_keys import (
 from art_rlvr.core import Loss
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.llm_settings import LLMRole, renamed
+from art_rlvr.llm_settings import ROLES, LLMRole, refuse_renamed, renamed_to
 from art_rlvr.mixture import MixtureEntry, parse_mixture
 from art_rlvr.policy import PolicyRole
 from art_rlvr.scenario import builtin_scenarios
@@ -201,13 +198,14 @@ class RunConfig(BaseModel):
 
     # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
-    # expert iteration (mode=ei): its own keys, e.g. expert_samples_per_x=8 distill=sft
+    # expert iteration (mode=ei): its own keys, e.g. hinted_samples_per_x=8 distill=sft
     ei: EIConfig = Field(default_factory=EIConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data: Any) -> Any:
-        return renamed(data, RUN_RENAMED, "RunConfig")
+        refuse_renamed(data, "RunConfig")
+        return data
 
     @model_validator(mode="after")
     def _rl_groups(self) -> RunConfig:
@@ -372,7 +370,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         given = given.strip()
         if not sep or not given:
             raise ConfigError(f"expected key=value, got {word!r}{_bare_word_hint(word)}")
-        key = canonical(given)
+        if (new := renamed_to(given)) is not None:
+            raise ConfigError(f"{given} was renamed {new}: write {new}={raw}")
+        key = given
         if key in seen:
             raise ConfigError(f"key {given!r} given twice")
         seen.add(key)

@@ -1,4 +1,4 @@
-"""Command-line keys of a run: old names, LLM roles, secrets, and errors phrased as one line.
+"""Command-line keys of a run: LLM roles, secrets, and errors phrased as one line.
 
 Kept apart from `config` (the run's settings) so that module stays about the settings.
 """
@@ -7,24 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from typing import Any
 
 from pydantic import ValidationError
 
-from art_rlvr.llm_settings import LLMRole
 from art_rlvr.text import did_you_mean
 
 # a key name that holds a secret: api_key, password, auth_token; not max_tokens, not *_key_env
 # (the name of an environment variable, which is what a reader needs to see)
 SECRET_NAME = re.compile(r"(key|secret|password|token)$", re.IGNORECASE)
-
-
-# one name per concept; the old names still work and warn
-RUN_RENAMED = {"n_rounds": "rounds"}
-SUB_RENAMED = {"rollouts_per_problem": "group_size", "expert_samples_per_x": "group_size"}
-# an LLM role's keys on the command line: `reflection.model=...` (GEPA), `teacher.model=...` (EI)
-ROLES = {"reflection": "gepa", "teacher": "ei"}
 
 
 class ConfigError(ValueError):
@@ -69,15 +60,3 @@ def first_error(error: ValidationError, values: dict[str, Any], prefix: str = ""
     allowed = first.get("ctx", {}).get("expected")
     extra = f" (expected {allowed})" if allowed and str(allowed) not in message else ""
     return ConfigError(f"bad value for {prefix}{key!r}: {given}: {message}{extra}")
-
-
-def canonical(key: str) -> str:
-    """The current name of a key given under an old one (warned once per use)."""
-    prefix, dot, field = key.partition("_")
-    if prefix in ROLES and dot and field in LLMRole.model_fields:
-        new = f"{prefix}.{field}"
-    else:
-        new = RUN_RENAMED.get(key) or SUB_RENAMED.get(key) or key
-    if new != key:
-        warnings.warn(f"{key} is deprecated, use {new}", FutureWarning, stacklevel=3)
-    return new

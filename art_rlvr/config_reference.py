@@ -10,10 +10,9 @@ import textwrap
 from pydantic import BaseModel
 
 from art_rlvr.config import _INTERNAL, MODE_TITLES, RunConfig
-from art_rlvr.config_keys import RUN_RENAMED, SUB_RENAMED
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.llm_settings import LLMRole
+from art_rlvr.llm_settings import RENAMED, LLMRole
 from art_rlvr.policy import PolicyRole
 
 
@@ -66,9 +65,9 @@ def reference_markdown() -> str:
     notes = (
         "Keys of the run that GEPA and expert iteration also have (`seed`, `group_size`, "
         "`max_tokens`, `temperature`, `top_p`, `rounds`) are handed down when given. "
-        f"`teacher.max_tokens` defaults to {TEACHER_DEFAULTS['max_tokens']}. Old names "
-        f"({', '.join(sorted({**RUN_RENAMED, **SUB_RENAMED}))}, `reflection_<key>`, "
-        "`teacher_<key>`) still work and warn."
+        f"`teacher.max_tokens` defaults to {TEACHER_DEFAULTS['max_tokens']}. Keys renamed in "
+        f"0.1 ({', '.join(sorted(RENAMED))}, `reflection_<key>`, `teacher_<key>`) are refused "
+        "with their new name."
     )
     return "\n\n".join([*parts, notes]) + "\n"
 

@@ -5,7 +5,6 @@ Pure data (pydantic, no litellm), so the CLI can validate keys without importing
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -83,36 +82,35 @@ class LLMRole(BaseModel):
         )
 
 
-def renamed(data: Any, old_to_new: dict[str, str], owner: str) -> Any:
-    """Accept old key names as aliases of the new ones, with a FutureWarning naming the new."""
-    if not isinstance(data, dict) or not old_to_new.keys() & data.keys():
-        return data
-    out = dict(data)
-    for old, new in old_to_new.items():
-        if old in out:
-            warnings.warn(f"{owner}: {old} is deprecated, use {new}", FutureWarning, stacklevel=4)
-            out.setdefault(new, out.pop(old))
-    return out
+# keys renamed in 0.1: refused with the one name now, never aliased
+RENAMED = {
+    "n_rounds": "rounds",
+    "rollouts_per_problem": "group_size",
+    "expert_samples_per_x": "group_size",
+}
+# an LLM role's keys on the command line: `reflection.model=...` (GEPA), `teacher.model=...` (EI)
+ROLES = {"reflection": "gepa", "teacher": "ei"}
 
 
-def flat_role_aliases(
-    data: Any, role: str, owner: str, defaults: dict[str, Any] | None = None
-) -> Any:
-    """Map the old flat keys (`reflection_model`, `teacher_timeout_s`, ...) into the nested role
-    (`reflection.model`, ...) with a FutureWarning naming the new key; a role given as a dict
-    is laid over the owner's `defaults` for it."""
-    if not isinstance(data, dict):
+def renamed_to(key: str) -> str | None:
+    """The current name of a renamed key (`reflection_model` is `reflection.model`), or None."""
+    prefix, _, field = key.partition("_")
+    if prefix in ROLES and field in LLMRole.model_fields:
+        return f"{prefix}.{field}"
+    return RENAMED.get(key)
+
+
+def refuse_renamed(data: Any, owner: str) -> None:
+    """A settings dict that uses an old key name is an error naming the new one."""
+    if isinstance(data, dict):
+        for key in data:
+            if (new := renamed_to(str(key))) is not None:
+                raise ValueError(f"{owner}: {key} was renamed {new}")
+
+
+def role_over_defaults(data: Any, role: str, defaults: dict[str, Any]) -> Any:
+    """A role given as a dict, laid over the owner's defaults for it (`teacher.model=...`
+    keeps the teacher's own `max_tokens`)."""
+    if not isinstance(data, dict) or not isinstance(data.get(role), dict):
         return data
-    flat = {f"{role}_{f}": f for f in LLMRole.model_fields if f"{role}_{f}" in data}
-    nested = data.get(role)
-    if not flat and not isinstance(nested, dict):
-        return data
-    merged = {**(defaults or {}), **(nested if isinstance(nested, dict) else {})}
-    if isinstance(nested, LLMRole):
-        merged = nested.model_dump(exclude_unset=True)
-    for key, name in flat.items():
-        warnings.warn(
-            f"{owner}: {key} is deprecated, use {role}.{name}", FutureWarning, stacklevel=4
-        )
-        merged[name] = data[key]
-    return {**{k: v for k, v in data.items() if k not in flat}, role: merged}
+    return {**data, role: {**defaults, **data[role]}}

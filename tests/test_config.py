@@ -2,8 +2,11 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
-from art_rlvr.config import ConfigError, parse_args
+from art_rlvr.config import ConfigError, RunConfig, parse_args
+from art_rlvr.ei.config import EIConfig
+from art_rlvr.gepa.config import GEPAConfig
 
 
 def test_defaults_and_coercion() -> None:
@@ -48,7 +51,7 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
         (["reflection.api_base=http://127.0.0.1:1/v1"], "api_base needs model"),
         (["teacher.api_base=http://127.0.0.1:1/v1"], "api_base needs model"),
         (["reflection.bogus=1"], "unknown key 'reflection.bogus'"),
-        (["group_size=3", "expert_samples_per_x=4"], "given twice"),
+        (["group_size=3", "group_size=4"], "given twice"),
         (["mode=eval", "eval_samples=4"], "eval_samples=4 with eval_temperature=0"),
         (["mode=eval", "eval_samples=0"], "bad value for 'eval_samples'"),
         (
@@ -90,23 +93,33 @@ def test_cli_bad_config_exits_2_without_traceback(args: list[str], message: str,
 
 
 @pytest.mark.parametrize(
-    ("argv", "check"),
+    ("argv", "message"),
     [
-        # one name per concept: the old names still work and warn
-        (["mode=gepa", "rollouts_per_problem=3"], lambda c: c.gepa.group_size == 3),
-        (["mode=ei", "expert_samples_per_x=4"], lambda c: c.ei.group_size == 4),
-        (["mode=gepa_rl", "n_rounds=2"], lambda c: c.rounds == 2),
-        (
-            ["mode=gepa", "reflection_model=openai/m"],
-            lambda c: c.gepa.reflection.model == "openai/m",
-        ),
-        (["mode=ei", "teacher_timeout_s=7"], lambda c: c.ei.teacher.timeout_s == 7.0),
+        # one name per concept: a name renamed in 0.1 is refused with the name it has now
+        (["mode=gepa", "rollouts_per_problem=3"], "rollouts_per_problem was renamed group_size"),
+        (["mode=ei", "expert_samples_per_x=4"], "write group_size=4"),
+        (["mode=gepa_rl", "n_rounds=2"], "n_rounds was renamed rounds: write rounds=2"),
+        (["mode=gepa", "reflection_model=openai/m"], "was renamed reflection.model"),
+        (["mode=ei", "teacher_timeout_s=7"], "write teacher.timeout_s=7"),
     ],
 )
-def test_old_names_are_aliases_that_warn(argv: list[str], check) -> None:
-    with pytest.warns(FutureWarning, match="deprecated, use"):
-        config = parse_args(argv)
-    assert check(config)
+def test_renamed_keys_are_refused_with_their_new_name(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_args(argv)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "given", "message"),
+    [
+        (EIConfig, {"expert_samples_per_x": 3}, "EIConfig: expert_samples_per_x was renamed"),
+        (GEPAConfig, {"reflection_model": "openai/m"}, "was renamed reflection.model"),
+        (RunConfig, {"n_rounds": 2}, "RunConfig: n_rounds was renamed rounds"),
+    ],
+)
+def test_the_python_api_refuses_renamed_keys_too(model, given: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        model(**given)
 
 
 def test_llm_roles_share_one_model_and_keep_their_defaults() -> None:

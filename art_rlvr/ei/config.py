@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm_settings import LLMRole, flat_role_aliases, renamed
+from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
 from art_rlvr.scenario import tool_choice_problem
 
 if TYPE_CHECKING:
@@ -103,9 +103,9 @@ class EIConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        data = renamed(data, {"expert_samples_per_x": "group_size"}, "EIConfig")
-        return flat_role_aliases(data, "teacher", "EIConfig", TEACHER_DEFAULTS)
+    def _teacher(cls, data: Any) -> Any:
+        refuse_renamed(data, "EIConfig")
+        return role_over_defaults(data, "teacher", TEACHER_DEFAULTS)
 
     @model_validator(mode="after")
     def _consistent(self) -> EIConfig:
@@ -116,11 +116,6 @@ class EIConfig(BaseModel):
     @property
     def hinted_samples(self) -> int:
         return self.hinted_samples_per_x or self.group_size
-
-    @property
-    def expert_samples_per_x(self) -> int:
-        """The old name of `group_size`, for code written against it."""
-        return self.group_size
 
 
 def start_problem(config: EIConfig, task: Task) -> str | None:

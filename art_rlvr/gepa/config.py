@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm_settings import LLMRole, flat_role_aliases, renamed
+from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
 
 
 class GEPAConfig(BaseModel):
@@ -116,9 +116,9 @@ class GEPAConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        data = renamed(data, {"rollouts_per_problem": "group_size"}, "GEPAConfig")
-        return flat_role_aliases(data, "reflection", "GEPAConfig")
+    def _reflection(cls, data: Any) -> Any:
+        refuse_renamed(data, "GEPAConfig")
+        return role_over_defaults(data, "reflection", {})
 
     @model_validator(mode="after")
     def _consistent(self) -> GEPAConfig:
@@ -128,11 +128,6 @@ class GEPAConfig(BaseModel):
                 f"{self.max_prompt_chars}"
             )
         return self
-
-    @property
-    def rollouts_per_problem(self) -> int:
-        """The old name of `group_size`, for code written against it."""
-        return self.group_size
 
     def evaluation_cost(self, scenarios: int) -> int:
         return scenarios * self.group_size
