@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.llm_settings import LLMRole, LLMSettings
+from art_rlvr.llm_settings import LLMRole
 from art_rlvr.observe import tracing
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
@@ -170,10 +170,10 @@ def retry_after_s(error: BaseException) -> float | None:
     return None
 
 
-def backoff_s(settings: LLMSettings, attempt: int, retry_after: float | None) -> float:
+def backoff_s(settings: LLMRole, attempt: int, retry_after: float | None) -> float:
     """Exponential backoff for retry `attempt` (1-based); a server's Retry-After wins if longer,
     and is honoured even past our own cap, because asking earlier only earns another 429."""
-    ours = min(settings.backoff_max_s, settings.backoff_initial_s * 2 ** (attempt - 1))
+    ours = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
     return max(ours, retry_after) if retry_after is not None else ours
 
 
@@ -182,12 +182,16 @@ class LLMClient:
 
     def __init__(
         self,
-        settings: LLMSettings,
+        settings: LLMRole,
         *,
         api_key: str | None = None,
         counters: LLMCounters | None = None,
         label: str = "llm",
     ) -> None:
+        if settings.model is None:
+            raise ValueError(
+                f"{label}: an LLM client needs a model (role.embedded(...) for the run's own)"
+            )
         self.settings = settings
         self.counters = counters or LLMCounters()
         self.label = label
@@ -322,7 +326,7 @@ def _short(error: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def missing_keys(settings: LLMSettings) -> list[str]:
+def missing_keys(settings: LLMRole) -> list[str]:
     """Environment variables litellm would need for this model and cannot find."""
     if settings.api_base or settings.api_key_env:
         return (
@@ -334,27 +338,24 @@ def missing_keys(settings: LLMSettings) -> list[str]:
     return list(report.get("missing_keys") or [])
 
 
-def embedded_settings(model: Any, **overrides: Any) -> tuple[LLMSettings, str]:
-    """Settings (and the in-memory key) that reach an ART model through its own
-    OpenAI-compatible endpoint: the weak-but-real fallback reflector when no key is set."""
-    settings = LLMSettings(
-        model=f"openai/{model.get_inference_name()}",
-        api_base=model.inference_base_url,
-        **overrides,
+def embedded_role(model: Any, role: LLMRole, timeout_s: float) -> tuple[LLMRole, str]:
+    """The role (and the in-memory key) reaching an ART model through its own OpenAI-compatible
+    endpoint: the weak-but-real fallback reflector or teacher when no model is configured."""
+    served = role.embedded(
+        f"openai/{model.get_inference_name()}", model.inference_base_url, timeout_s
     )
-    return settings, str(model.inference_api_key)
+    return served, str(model.inference_api_key)
 
 
 def key_problem(role: LLMRole, name: str) -> str | None:
     """Why the LM configured for the role called `name` cannot be called: the key variables
     it needs and cannot find (None for the embedded model). The CLI asks before any model
     loads; `client_for` again when the role's client is made."""
-    settings = role.settings()
-    missing = missing_keys(settings) if settings is not None else []
-    if settings is None or not missing:
+    missing = missing_keys(role) if role.model is not None else []
+    if not missing:
         return None
     return (
-        f"{name}.model {settings.model!r} needs {', '.join(missing)} in the environment "
+        f"{name}.model {role.model!r} needs {', '.join(missing)} in the environment "
         f"(or leave {name}.model unset to use the embedded model)"
     )
 
@@ -369,11 +370,10 @@ def client_for(
     `role.model` unset, the embedded `model` through its own endpoint (logged as weak but real).
     Returns the client and a name for summaries. A provider whose key is missing is an error
     before any call."""
-    settings = role.settings()
-    if settings is None:
+    if role.model is None:
         # a CPU model writing a long reply to a long prompt, next to rollouts, can take minutes
         timeout = max(role.timeout_s, EMBEDDED_MIN_TIMEOUT_S)
-        settings, key = embedded_settings(model, **(role.overrides() | {"timeout_s": timeout}))
+        settings, key = embedded_role(model, role, timeout)
         log.warning(
             "%s LM: no %s.model configured, so the embedded model %s is used through its own "
             "endpoint (%s): weak but real",
@@ -386,9 +386,9 @@ def client_for(
         return client, f"embedded:{settings.model}"
     if problem := key_problem(role, name):
         raise ValueError(problem)
-    where = f" at {settings.api_base}" if settings.api_base else ""
-    log.info("%s LM: %s%s", name, settings.model, where)
-    return LLMClient(settings, counters=counters, label=name), settings.model
+    where = f" at {role.api_base}" if role.api_base else ""
+    log.info("%s LM: %s%s", name, role.model, where)
+    return LLMClient(role, counters=counters, label=name), role.model
 
 
 __all__ = [
@@ -399,11 +399,10 @@ __all__ = [
     "LLMError",
     "LLMReply",
     "LLMRole",
-    "LLMSettings",
     "backoff_s",
     "classify",
     "client_for",
-    "embedded_settings",
+    "embedded_role",
     "key_problem",
     "missing_keys",
     "retry_after_s",

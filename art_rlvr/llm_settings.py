@@ -10,27 +10,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class LLMSettings(BaseModel):
-    """Where and how to call a chat model. No secret lives here: only the name of the
-    environment variable that holds one."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str = Field(min_length=1)
-    api_base: str | None = None
-    api_key_env: str | None = None
-    timeout_s: float = Field(default=120.0, gt=0)
-    max_retries: int = Field(default=4, ge=0, le=20)
-    backoff_initial_s: float = Field(default=1.0, ge=0)
-    backoff_max_s: float = Field(default=60.0, ge=0)
-    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    max_tokens: int = Field(default=1024, ge=1)
-
-
-class LLMRole(BaseModel):
-    """One LLM role of a run (GEPA's reflector, expert iteration's teacher): which model, where,
-    and how patiently to call it. `model=None` means the embedded model through its own
-    endpoint. Holds no secret, only the name of the environment variable with the key."""
+class Endpoint(BaseModel):
+    """Where a chat model answers and how patiently to call it: the one shape of every model a
+    run talks to (GEPA's reflector, expert iteration's teacher, `mode=eval`'s policy).
+    `model=None` means the run's own model. Holds no secret, only the name of the environment
+    variable with the key."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -48,37 +32,27 @@ class LLMRole(BaseModel):
     max_retries: int = Field(
         default=4, ge=0, le=20, description="retries of 429 / 5xx / timeouts / resets"
     )
+
+    @model_validator(mode="after")
+    def _base_needs_model(self) -> Endpoint:
+        if self.api_base and not self.model:
+            raise ValueError("api_base needs model (e.g. 'openai/<name>')")
+        return self
+
+
+class LLMRole(Endpoint):
+    """An LLM role of a run (GEPA's reflector, expert iteration's teacher): an endpoint and how
+    to sample from it. With `model` set it is also what `LLMClient` calls."""
+
     backoff_s: float = Field(default=1.0, ge=0, description="first retry's wait, doubling")
     backoff_max_s: float = Field(default=60.0, ge=0, description="cap on one wait")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="sampling temperature")
     max_tokens: int = Field(default=1024, ge=8, description="reply length cap")
 
-    @model_validator(mode="after")
-    def _base_needs_model(self) -> LLMRole:
-        if self.api_base and not self.model:
-            raise ValueError("api_base needs model (e.g. 'openai/<name>')")
-        return self
-
-    def overrides(self) -> dict[str, float | int]:
-        """The call settings, for the embedded model's client too."""
-        return {
-            "timeout_s": self.timeout_s,
-            "max_retries": self.max_retries,
-            "backoff_initial_s": self.backoff_s,
-            "backoff_max_s": self.backoff_max_s,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
-
-    def settings(self) -> LLMSettings | None:
-        """The external model's settings, or None for the embedded model."""
-        if self.model is None:
-            return None
-        return LLMSettings(
-            model=self.model,
-            api_base=self.api_base,
-            api_key_env=self.api_key_env,
-            **self.overrides(),
+    def embedded(self, model: str, api_base: str, timeout_s: float) -> LLMRole:
+        """The same role pointed at the run's own model (its served name and endpoint)."""
+        return self.model_copy(
+            update={"model": model, "api_base": api_base, "timeout_s": timeout_s}
         )
 
 

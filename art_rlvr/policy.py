@@ -17,7 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from art_rlvr.llm_settings import Endpoint
 
 if TYPE_CHECKING:
     import art
@@ -28,28 +30,14 @@ class PolicyError(ValueError):
     """An external policy that cannot be called (a missing key variable, ...): one line."""
 
 
-class PolicyRole(BaseModel):
-    """`policy.*` on the command line: which external model `mode=eval` scores. No secret
-    lives here, only the name of the environment variable that holds one."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class PolicyRole(Endpoint):
+    """`policy.*` on the command line: which external model `mode=eval` scores (the endpoint
+    every LLM role has, and how many requests it may have open)."""
 
     model: str | None = Field(
         default=None,
         description="mode=eval: a litellm model string (openai/gpt-4o-mini, anthropic/...) "
         "to evaluate instead of the embedded model; none: the run's own model",
-    )
-    api_base: str | None = Field(
-        default=None,
-        description="an OpenAI-compatible base URL (served through ART's own client)",
-    )
-    api_key_env: str | None = Field(
-        default=None,
-        description="the environment variable that holds the key (default: the provider's own)",
-    )
-    timeout_s: float = Field(default=120.0, gt=0, description="seconds per request (litellm path)")
-    max_retries: int = Field(
-        default=4, ge=0, le=20, description="retries of 429 / 5xx / timeouts (litellm path)"
     )
     max_in_flight: int = Field(default=8, ge=1, description="requests open at once")
 

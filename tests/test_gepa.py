@@ -354,7 +354,7 @@ async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, task) 
     """gepa.optimize itself (synchronous, in a thread) with our adapter and litellm client."""
     import gepa
 
-    from art_rlvr.llm import LLMClient, LLMSettings
+    from art_rlvr.llm import LLMClient, LLMRole
 
     train = task.splits["train"]
     store = EvalStore(10_000, Journal(None))
@@ -368,7 +368,7 @@ async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, task) 
     )
     with ScriptedServer([], default=fenced(GOOD)) as server:
         client = LLMClient(
-            LLMSettings(
+            LLMRole(
                 model="openai/scripted", api_base=server.base_url, api_key_env="SCRIPTED_GEPA_KEY"
             )
         )

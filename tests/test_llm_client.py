@@ -11,9 +11,9 @@ from art_rlvr.llm import (
     LLMClient,
     LLMCounters,
     LLMError,
-    LLMSettings,
+    LLMRole,
     backoff_s,
-    embedded_settings,
+    embedded_role,
 )
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -21,17 +21,17 @@ KEY = "sk-scripted-do-not-leak-4711"
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 
 
-def settings(server: ScriptedServer, **overrides) -> LLMSettings:
+def settings(server: ScriptedServer, **overrides) -> LLMRole:
     values = {
         "model": "openai/scripted",
         "api_base": server.base_url,
         "api_key_env": "SCRIPTED_LLM_KEY",
         "timeout_s": 5.0,
         "max_retries": 3,
-        "backoff_initial_s": 0.01,
+        "backoff_s": 0.01,
         "backoff_max_s": 0.05,
     }
-    return LLMSettings(**(values | overrides))
+    return LLMRole(**(values | overrides))
 
 
 @pytest.fixture(autouse=True)
@@ -149,7 +149,7 @@ async def test_async_path_retries_the_same_way() -> None:
 
 
 def test_backoff_is_exponential_capped_and_yields_to_retry_after() -> None:
-    s = LLMSettings(model="openai/x", backoff_initial_s=1.0, backoff_max_s=5.0)
+    s = LLMRole(model="openai/x", backoff_s=1.0, backoff_max_s=5.0)
     assert [backoff_s(s, a, None) for a in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
     assert backoff_s(s, 1, 3.0) == 3.0 and backoff_s(s, 4, 0.5) == 5.0
     assert backoff_s(s, 1, 30.0) == 30.0  # the server's word beats our cap
@@ -157,8 +157,13 @@ def test_backoff_is_exponential_capped_and_yields_to_retry_after() -> None:
 
 async def test_embedded_model_answers_through_its_own_endpoint(model) -> None:
     """The no-key fallback: litellm to the TorchBackend server of the model itself."""
-    cfg, key = embedded_settings(model, max_tokens=8, temperature=0.0)
+    cfg, key = embedded_role(model, LLMRole(max_tokens=8, temperature=0.0), timeout_s=120.0)
     client = LLMClient(cfg, api_key=key)
     reply = await client.acomplete([{"role": "user", "content": "What is 2 + 2?"}])
     assert reply.text.strip() and reply.completion_tokens <= 8
     assert cfg.api_base == model.inference_base_url and key not in repr(client)
+
+
+def test_a_client_needs_a_model() -> None:
+    with pytest.raises(ValueError, match="needs a model"):
+        LLMClient(LLMRole())
