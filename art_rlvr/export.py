@@ -107,7 +107,8 @@ def pick_step(
 
 def _eval_prompt(run: Path, record: dict[str, Any]) -> str | None:
     """The system prompt of an evaluation, from its trajectories file (`None`: none used)."""
-    path = run / "trajectories" / f"val_{record['step']:04d}{record.get('tag') or ''}.jsonl"
+    index = record["step"] if record.get("round") is None else record["round"]
+    path = run / "trajectories" / f"val_{index:04d}{record.get('tag') or ''}.jsonl"
     if not path.is_file():
         return None
     with path.open() as handle:
@@ -122,8 +123,9 @@ def _eval_prompt(run: Path, record: dict[str, Any]) -> str | None:
 def val_evals(
     run: Path, mode: str, metrics: Sequence[dict[str, Any]], state: dict[str, Any] | None
 ) -> list[ValEval]:
-    """Every val evaluation of the run by model step. Expert-iteration runs number their
-    evaluations by round; their state maps each round to the model step it scored."""
+    """Every val evaluation of the run by model step. Expert-iteration runs written before
+    evaluations carried their round numbered them by round; their state maps each round to the
+    model step it scored."""
     records = [
         r
         for r in metrics
@@ -135,7 +137,8 @@ def val_evals(
     round_steps = (state or {}).get("eval_steps") or {} if mode == "ei" else None
     out = []
     for r in records:
-        step = r["step"] if round_steps is None else round_steps.get(str(r["step"]))
+        old_ei = round_steps is not None and r.get("round") is None
+        step = round_steps.get(str(r["step"])) if old_ei and round_steps else r["step"]
         if isinstance(step, int):
             out.append(
                 ValEval(step=step, accuracy=r["accuracy"], system_prompt=_eval_prompt(run, r))

@@ -44,11 +44,12 @@ class _Timed(_Event):
 
 
 class EvalEvent(_Timed):
-    """A held-out evaluation at a step (or EI round)."""
+    """A held-out evaluation at a checkpoint step (in mode=ei also the round it came before)."""
 
     event: Literal["eval"] = "eval"
     split: str
-    step: int
+    step: int  # the model's step (a run written before 2026-11-24 by mode=ei: the round)
+    round: int | None = None  # mode=ei: the round
     accuracy: float
     reward_mean: float
     format: float = 0.0
@@ -65,6 +66,11 @@ class EvalEvent(_Timed):
     cost_usd: float | None = None  # litellm's price, where it knows the model's; else None
     # a mixture (scenario=arith,gsm8k): accuracy (pass@1) per scenario; `accuracy` is their mean
     by_scenario: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def index(self) -> int:
+        """Where the evaluation sits on its run's axis: the round in mode=ei, else the step."""
+        return self.round if self.round is not None else self.step
 
 
 class TrainEvent(_Timed):

@@ -320,6 +320,24 @@ def test_expert_iteration_evals_map_rounds_to_model_steps(tmp_path: Path) -> Non
     assert [e.step for e in val_evals(tmp_path, "rl", metrics, None)] == [0, 2]
 
 
+def test_expert_iteration_evals_carry_their_step_and_round(tmp_path: Path) -> None:
+    """Since evaluations carry their round, `step` is the model's; the trajectories file (and
+    the prompt read from it) is still named by the round."""
+    (tmp_path / "trajectories").mkdir()
+    row = {"messages": [{"role": "system", "content": "Round two's prompt."}]}
+    (tmp_path / "trajectories" / "val_0002.jsonl").write_text(json.dumps(row) + "\n")
+    metrics = [
+        {"event": "eval", "split": "val", "step": 0, "round": 0, "accuracy": 0.3},
+        {"event": "eval", "split": "val", "step": 1, "round": 2, "accuracy": 0.5},
+    ]
+    state = {"eval_steps": {"0": 0, "2": 7}}  # ignored: the events say their step
+    evals = val_evals(tmp_path, "ei", metrics, state)
+    assert [(e.step, e.accuracy, e.system_prompt) for e in evals] == [
+        (0, 0.3, None),
+        (1, 0.5, "Round two's prompt."),
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -521,3 +521,9 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     trained = json.dumps([t.model_dump(mode="json") for t in sft_trajectories(buffer, cfg.ei)])
     assert "Marker-K4" not in trained and "Hint" not in trained
     assert stats["trained"]
+    evals = [(m["round"], m["step"]) for m in ctx.files.metrics() if m["event"] == "eval"]
+    assert evals == [(0, 0), (1, 1)]  # each evaluation: the round it precedes, the model's step
+    assert {p.name for p in (run / "trajectories").glob("val_*")} == {
+        "val_0000.jsonl",
+        "val_0001.jsonl",
+    }

@@ -146,10 +146,12 @@ async def run_eval(
     *,
     system_prompt: str | None = None,
     tag: str = "",
+    round: int | None = None,
 ) -> EvalReport:
-    """Greedy evaluation at `step` under `system_prompt` (default: the run's); logged to
-    metrics.jsonl, trajectories/<split>_<step><tag>.jsonl and ART's history. A mixture's
-    report carries the mean of its scenarios' accuracies (each one is in the event)."""
+    """Greedy evaluation of the model at `step` under `system_prompt` (default: the run's);
+    logged to metrics.jsonl, trajectories/<split>_<step><tag>.jsonl (mode=ei: the `round`
+    instead of the step) and ART's history at `step`. A mixture's report carries the mean of
+    its scenarios' accuracies (each one is in the event)."""
     cfg = ctx.config
     scenarios = val_scenarios(ctx) if split == "val" else ctx.task.held_out(split)
     prompt = system_prompt if system_prompt is not None else cfg.system_prompt
@@ -161,15 +163,21 @@ async def run_eval(
         split=split,
     )
     event = eval_event(
-        report, step, scenarios=by_scenario(scenarios, report.groups), tag=tag, **clocks(ctx)
+        report,
+        step,
+        scenarios=by_scenario(scenarios, report.groups),
+        tag=tag,
+        round=round,
+        **clocks(ctx),
     )
     report = report.model_copy(update={"accuracy": event.accuracy})
-    log.info("step %d %s%s", step, report.line(), scenario_line(event.by_scenario))
+    where = f"step {step}" if round is None else f"round {round} (step {step})"
+    log.info("%s %s%s", where, report.line(), scenario_line(event.by_scenario))
     ctx.files.append_event(event)
-    ctx.files.write_trajectories(f"{split}_{step:04d}{tag}", report.groups)
+    ctx.files.write_trajectories(f"{split}_{event.index:04d}{tag}", report.groups)
     # ART's history (and W&B if set), once per evaluation however often a kill makes it redone
     await ctx.files.log_once(
-        ctx.model, f"{split}/{step}{tag}", report.groups, split=split, step=step
+        ctx.model, f"{split}/{event.index}{tag}", report.groups, split=split, step=step
     )
     return report
 

@@ -312,7 +312,7 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
         r = state.rounds_done
         if state.pending is None:  # a kept buffer's round was evaluated before it was collected
             if eval_due(r, config.rounds, config.eval_every_rounds) and str(r) not in state.evals:
-                report = await run_eval(ctx, r)
+                report = await run_eval(ctx, await ctx.model.get_step(), round=r)
                 state = state.model_copy(
                     update={
                         "evals": {**state.evals, str(r): report.accuracy},
@@ -365,6 +365,6 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
         }
     if run.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (
-            await run_eval(ctx, state.rounds_done, split="test")
+            await run_eval(ctx, await ctx.model.get_step(), split="test", round=state.rounds_done)
         ).accuracy
     return summary

@@ -187,7 +187,7 @@ def evals_section(run: RunData) -> str:
     rows = [
         (
             e.split,
-            e.step,
+            e.index,
             e.tag.lstrip("_") or "-",
             num(e.accuracy),
             num(e.reward_mean),

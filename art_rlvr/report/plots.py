@@ -124,17 +124,17 @@ def curves_figure(
     steps += xs
     points = val
     if points:
-        xs, ys = [e.step for e in points], [e.accuracy for e in points]
+        xs, ys = [e.index for e in points], [e.accuracy for e in points]
         ax.plot(xs, ys, "o-", color=GREEN, lw=2, ms=5, label="val accuracy")
         steps += xs
         seen: dict[float, int] = {}
         for e in points:
             tag = e.tag.lstrip("_")
             if tag:  # several evaluations at one step (phases) are labelled one above the other
-                row = seen[e.step] = seen.get(e.step, -1) + 1
+                row = seen[e.index] = seen.get(e.index, -1) + 1
                 ax.annotate(
                     tag,
-                    (e.step, e.accuracy),
+                    (e.index, e.accuracy),
                     xytext=(3, 5 + 9 * row),
                     fontsize=7,
                     textcoords="offset points",
@@ -278,9 +278,9 @@ def scenario_accuracy(evals: Sequence[EvalEvent], unit: str) -> bytes | None:
         return None
     fig, ax = _figure(3.0)
     for name in names:
-        points = [(e.step, e.by_scenario[name]) for e in val if name in e.by_scenario]
+        points = [(e.index, e.by_scenario[name]) for e in val if name in e.by_scenario]
         ax.plot(*zip(*points, strict=True), "o-", ms=4, label=name)
     ax.set(xlabel=unit, ylabel="val accuracy", ylim=(-0.03, 1.03))
-    _step_axis(ax, [e.step for e in val])
+    _step_axis(ax, [e.index for e in val])
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)

@@ -167,7 +167,7 @@ def train_samples(run: RunData) -> str:
 def eval_order(run: RunData, f: TrajectoryFile) -> tuple[int, int, str]:
     """Evaluation files in the order they were run (metrics.jsonl), then by step and name."""
     for n, e in enumerate(run.events(EvalEvent)):
-        if (e.split, e.step, e.tag.lstrip("_")) == (f.kind, f.index, f.tag):
+        if (e.split, e.index, e.tag.lstrip("_")) == (f.kind, f.index, f.tag):
             return (n, 0, "")
     return (len(run.metrics), f.index if f.index is not None else -1, f.label)
 
