@@ -314,3 +314,11 @@ async def test_gepa_evolves_the_system_prompt_the_episodes_receive(
     assert "correct=0 (weight 1)" in asked or "correct=1 (weight 1)" in asked
     assert systems == {"Reply with only the number.", better}
     assert result.seed_prompt == "Reply with only the number."
+
+
+def test_docs_show_the_example_verbatim() -> None:
+    """docs/verifiers.md's example is the files the docs' commands run, so it cannot go stale."""
+    examples = Path(__file__).resolve().parents[1] / "docs" / "examples" / "verifiers"
+    docs = (examples.parents[1] / "verifiers.md").read_text()
+    for name in ("arith_vf.py", "arith_vf.toml"):
+        assert (examples / name).read_text() in docs, f"docs/verifiers.md lacks {name}"
