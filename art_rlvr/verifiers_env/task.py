@@ -113,7 +113,7 @@ def load_env(spec: VerifiersSpec, near: Path | None = None) -> tuple[Any, list[A
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise VerifiersLoadError(f"taskset {spec.id!r}: {where}: {first['msg']}") from None
-    except (ImportError, AttributeError, TypeError, ValueError) as error:
+    except Exception as error:  # the taskset's own code runs here too (its `load`)
         text = " ".join(str(error).split())
         raise VerifiersLoadError(f"taskset {spec.id!r}: {type(error).__name__}: {text}") from None
     if not tasks:
@@ -430,7 +430,8 @@ def history(branch: Any) -> list[Any]:
     return items
 
 
-def tools_of(branch: Any) -> list[dict[str, Any]] | None:
+def tools_of(branch: Any) -> Any:
+    """A branch's tools in the OpenAI `tools` shape, or None."""
     tools = [
         {
             "type": "function",
@@ -516,8 +517,9 @@ def trajectory_of(episode: Any) -> art.Trajectory:
             metadata={"vf_trace_id": trace.id, "vf_stop": str(trace.stop_condition)},
         )
         trajectory.logs.extend(f"verifiers {e.type}: {e.message}" for e in trace.errors)
-    if (reason := failure(episode, trace) or reward_problem(trace)) is not None:
-        raise RolloutFailed(trajectory, reason)
+    reason = failure(episode, trace) or (reward_problem(trace) if trace is not None else None)
+    if reason is not None or trace is None:
+        raise RolloutFailed(trajectory, reason or "the episode produced no trace")
     trajectory.reward = float(trace.reward)
     trajectory.metadata["feedback"] = feedback(trace)
     return trajectory
