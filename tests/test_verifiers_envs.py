@@ -25,14 +25,13 @@ from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_failure, trainable
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
+from art_rlvr.verifiers_env import load_any, runners_of
+from art_rlvr.verifiers_env import verifiers_task as vf_task
 
 ENVS = Path(__file__).parent / "vf_envs"
 sys.path.insert(0, str(ENVS))  # verifiers imports a taskset by its top-level module name
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")])
 
-vf_task = pytest.importorskip("art_rlvr.verifiers_env").verifiers_task
-load_any = pytest.importorskip("art_rlvr.verifiers_env").load_any
-runners_of = pytest.importorskip("art_rlvr.verifiers_env").runners_of
 
 ARITH_ARGS = {"n": 12, "seed": 0}
 SHORT = SamplingConfig(max_tokens=12)
