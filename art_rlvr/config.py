@@ -297,7 +297,7 @@ class RunConfig(BaseModel):
 
     @property
     def name(self) -> str:
-        scenarios = "+".join(Path(e.name).stem for e in self.mixture)
+        scenarios = "+".join(Path(e.name).stem.replace(":", "-") for e in self.mixture)
         return self.run_name or f"{scenarios}-{self.mode}-s{self.seed}"
 
     @property

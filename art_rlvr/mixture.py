@@ -26,7 +26,9 @@ class MixtureEntry(BaseModel):
 def parse_mixture(text: str) -> tuple[MixtureEntry, ...]:
     """`arith`, `arith,gsm8k` or `arith:2,gsm8k:1` -> entries (weight 1 where none is given).
     A ValueError names the bad part: an empty name, a weight that is no positive number, a
-    scenario given twice."""
+    scenario given twice. `verifiers:<taskset>` is one scenario (art_rlvr.verifiers_env)."""
+    if text.startswith("verifiers:"):
+        return (MixtureEntry(name=text),)
     entries = []
     for part in (p.strip() for p in text.split(",")):
         name, colon, weight = part.rpartition(":")

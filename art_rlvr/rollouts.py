@@ -34,7 +34,7 @@ import art
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.core import Score
-from art_rlvr.environments.rollout_fn import RolloutFunction
+from art_rlvr.environments.rollout_fn import RolloutFailed, RolloutFunction
 from art_rlvr.episodes import Turn, failure, run_episode
 from art_rlvr.observe import tracing
 from art_rlvr.outcome import attach_outcome, completion_text, feedback_of, is_sampled, turns
@@ -219,6 +219,8 @@ async def call_function(
         if not deadline.expired():
             return None, scope, f"raised TimeoutError\n{traceback.format_exc()}"
         return None, scope, f"timed out after {timeout_s:g} s (the scenario's rollout timeout_s)"
+    except RolloutFailed as error:  # a built-in function's failure, with what it sampled
+        return error.trajectory, scope, error.reason
     except Exception as error:
         return None, scope, f"raised {type(error).__name__}: {error}\n{traceback.format_exc()}"
     return value, scope, returned_problem(value)

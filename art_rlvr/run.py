@@ -42,7 +42,7 @@ from art_rlvr.environments.mcp_tools import (
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.gepa.start import start_problem as gepa_problem
 from art_rlvr.llm import key_problem
-from art_rlvr.mixture import Mixture, load_scenarios
+from art_rlvr.mixture import Mixture
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.policy import PolicyError, read_key
@@ -50,6 +50,7 @@ from art_rlvr.records import EvalEvent, RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task
 from art_rlvr.sources import ScenarioFileError
+from art_rlvr.verifiers_env import load_any, runners_of
 
 if TYPE_CHECKING:
     from art_rlvr.loops.context import RunContext
@@ -73,7 +74,7 @@ def setup_logging(cfg: RunConfig, files: RunFiles) -> None:
     for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(files.root / "run.log")):
         handler.setFormatter(fmt)
         root.addHandler(handler)
-    for noisy in ("httpx", "LiteLLM", "litellm", "weave"):
+    for noisy in ("httpx", "LiteLLM", "litellm", "weave", "verifiers", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.captureWarnings(True)  # a library's warning reaches run.log as the console saw it
 
@@ -90,7 +91,7 @@ def close_logging() -> None:
 def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports and before the run
     folder exists (a rejected run leaves nothing behind)."""
-    task = load_scenarios(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    task = load_any(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
     if problem := mode_problem(cfg, task):
         raise ConfigError(problem)
     if cfg.policy.model is None:
@@ -182,7 +183,8 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     started, cpu_started = time.monotonic(), cpu_seconds()
     prior = files.read_json("summary.json") or {}
     backend = None
-    servers = servers_of(t.environment for t in task.tasks)  # MCP tool servers: one per run
+    # MCP tool servers, and verifiers environments' serving contexts: each once per run
+    servers: list[Any] = [*servers_of(t.environment for t in task.tasks), *runners_of(task)]
     try:
         await start_servers(servers)
         if cfg.policy.model is not None:  # an external model: no backend, no embedded model

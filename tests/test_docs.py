@@ -7,7 +7,7 @@ every notebook is listed, no user doc cites an issue number or a claim once foun
 the README reads in five minutes and shows CI's own test command.
 
 No model is loaded and no run starts: `art_rlvr.run` commands go through the CLI's own config
-validation (`parse_args`) and scenario loading (`load_scenarios`, which also checks `source.*` keys);
+validation (`parse_args`) and scenario loading (`load_any`, which also checks `source.*` keys);
 other entry points are checked for a runnable module.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from art_rlvr.config import parse_args
-from art_rlvr.mixture import load_scenarios
 from art_rlvr.run import machine_problem, mode_problem
+from art_rlvr.verifiers_env import load_any
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -139,7 +139,7 @@ def test_documented_command_is_valid(where: str, module: str, args: list[str]) -
         assert importlib.util.find_spec(f"{module}.__main__"), f"{where}: {module} has no __main__"
     if module == "art_rlvr.run":
         config = parse_args(args)  # raises ConfigError with the CLI's own message (renamed keys)
-        task = load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        task = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
         assert mode_problem(config, task) is None, f"{where}: {mode_problem(config, task)}"
 
 
@@ -379,7 +379,7 @@ def test_the_documented_errors_are_what_the_cli_says(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     try:
         config = parse_args(args)
-        task = load_scenarios(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        task = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
         said = mode_problem(config, task) or machine_problem(config)
     except ValueError as error:  # ConfigError, ScenarioFileError
         said = str(error)

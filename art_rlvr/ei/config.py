@@ -118,6 +118,16 @@ class EIConfig(BaseModel):
         return self.hinted_samples_per_x or self.group_size
 
 
+def record_field(x: Any, path: str) -> Any:
+    """A record's field by name, or a nested one by a dotted path (`data.answer`, as a
+    verifiers task's record holds it); None where there is none."""
+    for part in path.split("."):
+        if not isinstance(x, dict) or part not in x:
+            return None
+        x = x[part]
+    return x
+
+
 def start_problem(config: EIConfig, task: Task) -> str | None:
     """Why expert iteration cannot run on `task` (an empty train split, a teacher without the
     gold answer field, a search tool_choice the scenario has no tool for), or None. Pure and
@@ -131,10 +141,11 @@ def start_problem(config: EIConfig, task: Task) -> str | None:
     train = task.splits["train"]
     if not train:
         return f"scenario {task.name} has an empty train split; EI needs one"
-    if config.enable_teacher_hints and config.answer_field not in train[0].x:
+    if config.enable_teacher_hints and record_field(train[0].x, config.answer_field) is None:
         return (
             f"answer_field={config.answer_field!r} is not a field of {task.name} records "
-            f"(fields: {', '.join(sorted(train[0].x))}); the teacher needs the gold answer"
+            f"(fields: {', '.join(sorted(train[0].x))}; a nested one as data.answer); the "
+            "teacher needs the gold answer"
         )
     tools = task.environment.tools if task.environment is not None else ()
     if problem := tool_choice_problem(config.search_tool_choice, tools):

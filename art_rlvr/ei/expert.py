@@ -25,7 +25,7 @@ from typing import Any
 
 import art
 
-from art_rlvr.ei.config import EIConfig
+from art_rlvr.ei.config import EIConfig, record_field
 from art_rlvr.ei.hints import HintOutcome, hinted_prompt, hinted_system, obtain_hint
 from art_rlvr.ei.records import RoundBuffer
 from art_rlvr.ei.relabel import (
@@ -215,7 +215,7 @@ async def hint_failures(
     if teacher is None:
         raise ValueError("enable_teacher_hints is set but no teacher client was given")
     for scenario, _ in unsolved:
-        if config.answer_field not in scenario.x:
+        if record_field(scenario.x, config.answer_field) is None:
             raise ValueError(
                 f"scenario {scenario.id} has no field {config.answer_field!r} for the teacher "
                 f"(answer_field); its fields: {sorted(scenario.x)}"

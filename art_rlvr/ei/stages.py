@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import art
 
-from art_rlvr.ei.config import EIConfig
+from art_rlvr.ei.config import EIConfig, record_field
 from art_rlvr.ei.hints import HintOutcome
 from art_rlvr.ei.records import DistillExample, HintRecord, RLGroup, RoundStats
 from art_rlvr.ei.relabel import (
@@ -36,14 +36,12 @@ log = logging.getLogger(__name__)
 
 
 def gold_answer(scenario: Scenario, field: str) -> str:
-    return str(scenario.x[field]).strip()
+    return str(record_field(scenario.x, field)).strip()
 
 
 def reference_solution(scenario: Scenario, field: str | None) -> str | None:
-    if not field or field not in scenario.x:
-        return None
-    value = str(scenario.x[field]).strip()
-    return value or None
+    value = record_field(scenario.x, field) if field else None
+    return (str(value).strip() or None) if value is not None else None
 
 
 # a failed multi-turn attempt shown to the teacher is trimmed to this many characters

@@ -26,6 +26,17 @@ class RolloutFunctionError(ValueError):
     """A rollout function named by a scenario cannot be used: the scenario file says where."""
 
 
+class RolloutFailed(Exception):
+    """Raised by a built-in rollout function (a verifiers episode) that failed on one record
+    but sampled something first: `trajectory` keeps it (it trains with reward 0), `reason`
+    says why in the failing library's own words."""
+
+    def __init__(self, trajectory: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.trajectory = trajectory
+        self.reason = reason
+
+
 class RolloutFunction(BaseModel):
     """A checked rollout function: `takes_context` says whether it has the third parameter."""
 
@@ -119,6 +130,7 @@ def load_rollout_function(ref: str, near: Path | None = None) -> RolloutFunction
 
 
 __all__ = [
+    "RolloutFailed",
     "RolloutFunction",
     "RolloutFunctionError",
     "check_rollout_function",

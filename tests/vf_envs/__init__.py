@@ -1,0 +1,1 @@
+"""Tiny verifiers 0.4 environments written in the suite (no hub, no network)."""
