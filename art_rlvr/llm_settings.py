@@ -6,7 +6,7 @@ Pure data (pydantic, no litellm), so the CLI can validate keys without importing
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -26,6 +26,17 @@ class LLMSettings(BaseModel):
     backoff_max_s: float = Field(default=60.0, ge=0)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     max_tokens: int = Field(default=1024, ge=1)
+
+
+class CallSettings(TypedDict):
+    """How patiently to call a model and how to sample: `LLMSettings`'s fields besides where."""
+
+    timeout_s: float
+    max_retries: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    temperature: float
+    max_tokens: int
 
 
 class LLMRole(BaseModel):
@@ -60,7 +71,7 @@ class LLMRole(BaseModel):
             raise ValueError("api_base needs model (e.g. 'openai/<name>')")
         return self
 
-    def overrides(self) -> dict[str, float | int]:
+    def overrides(self) -> CallSettings:
         """The call settings, for the embedded model's client too."""
         return {
             "timeout_s": self.timeout_s,

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.loops.context import RunContext, run_eval
+from art_rlvr.loops.context import RunContext, one_task, run_eval
 from art_rlvr.loops.rl import STATE, spend, train_until
 from art_rlvr.records import CurvePoint, PromptChangeEvent, ScheduleState
 from art_rlvr.text import excerpt
@@ -63,7 +63,7 @@ def initial_prompt(ctx: RunContext) -> str:
     cfg = ctx.config
     gepa = cfg.gepa.seed_prompt if cfg.mode in ("gepa_rl", "gepa_rl_ei") else None
     return choose_seed_prompt(
-        gepa=gepa, run=cfg.system_prompt, task_default=ctx.task.default_system_prompt
+        gepa=gepa, run=cfg.system_prompt, task_default=one_task(ctx, "GEPA").default_system_prompt
     )
 
 
@@ -79,7 +79,7 @@ async def gepa_phase(
     config = cfg.gepa.model_copy(update={"seed": cfg.gepa.seed * 1000 + phase.round})
     result, _ = await run_optimizer(
         ctx.model,
-        ctx.task,
+        one_task(ctx, "GEPA"),
         seed_prompt=old,
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",
@@ -173,7 +173,7 @@ async def ei_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> Sched
     else:
         output = await collect_round(
             ctx.model,
-            ctx.task,
+            one_task(ctx, "expert iteration"),
             ei,
             phase.round,
             system_prompt=state.prompt,
@@ -199,8 +199,8 @@ async def ei_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> Sched
         key: state.ei_totals.get(key, 0) + stats[key]
         for key in ("examples_distilled", "recovered", "hints_generated", "teacher_errors")
     }
-    counters = teacher.counters.snapshot() if teacher is not None else state.teacher_counters
-    return state.model_copy(update={"ei_totals": totals, "teacher_counters": counters})
+    snapshot = teacher.counters.snapshot() if teacher is not None else state.teacher_counters
+    return state.model_copy(update={"ei_totals": totals, "teacher_counters": snapshot})
 
 
 async def run_schedule(ctx: RunContext) -> dict[str, Any]:
