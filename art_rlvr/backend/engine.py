@@ -52,6 +52,7 @@ from art_rlvr.backend.engine_types import (
     EngineStats,
     SamplingParams,
     TokenEvent,
+    embedding_weight,
     eos_ids,
 )
 from art_rlvr.backend.malloc import release_free_memory
@@ -102,7 +103,7 @@ class GenerationEngine:
         self.eos_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = EngineStats()
-        vocab_size = model.get_output_embeddings().weight.shape[0]
+        vocab_size = embedding_weight(model, "output").shape[0]
         self.grammars = Grammars(tokenizer, vocab_size, self.eos_ids)
         self._rng = random.Random(seed)  # the uniform draws of rows without a seed
         # the engine thread's thread count: `threads`, or chosen by timing its steps (on CPU)
