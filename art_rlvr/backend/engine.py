@@ -25,7 +25,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
@@ -145,7 +145,7 @@ class GenerationEngine:
 
     async def stream(
         self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
-    ) -> AsyncIterator[TokenEvent | list[Completion]]:
+    ) -> AsyncGenerator[TokenEvent | list[Completion], None]:
         """Each token as it is sampled, then the finished completions (the same ones
         `generate` returns). A bad request raises at the first `anext`, before any token."""
         loop = asyncio.get_running_loop()
