@@ -219,7 +219,7 @@ async def test_a_plain_model_marked_trainable_is_refused_by_name(tmp_path) -> No
     backend = TorchBackend(path=tmp_path, seed=0)
     try:
         model = art.Model(name="plain", project="t", trainable=True)
-        with pytest.raises(TypeError, match="'plain'.*art.TrainableModel"):
+        with pytest.raises(TypeError, match=r"'plain'.*art\.TrainableModel"):
             await backend.register(model)
     finally:
         await backend.close()
