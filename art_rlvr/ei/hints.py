@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from art_rlvr.core import Message, Messages
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.records import HintAttempt, HintRecord
 from art_rlvr.leakage import leaks, quotes, words
@@ -109,7 +109,7 @@ def echoes_hint(completion: str, hint: str, n: int = 4) -> bool:
     return "hint" in words(completion) or quotes(completion, hint, n)
 
 
-def hinted_prompt(messages: Sequence[Mapping[str, Any]], hint: str) -> list[dict[str, Any]]:
+def hinted_prompt(messages: Messages, hint: str) -> list[Message]:
     """The clean messages with the hint appended to the last user turn."""
     out = [dict(m) for m in messages]
     for m in reversed(out):
