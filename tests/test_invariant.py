@@ -109,7 +109,7 @@ def test_rows_that_pad_alike_attend_in_one_group() -> None:
         ([1, 3], slice(0, 1), slice(2, 10), None),
         ([4], slice(0, 1), slice(3, 10), None),
     ]
-    assert isinstance(groups[2].index, slice)
+    assert isinstance(groups[2].batch, slice)
 
 
 def members(index: slice | torch.Tensor) -> list[int]:
