@@ -118,7 +118,8 @@ def _help_keys(keys: tuple[str, ...]) -> list[str]:
     for key in keys:
         if key.endswith(".*"):
             prefix = key[:-1]
-            model = {"gepa.": GEPAConfig, "ei.": EIConfig}.get(prefix, LLMRole)
+            sections: dict[str, type[BaseModel]] = {"gepa.": GEPAConfig, "ei.": EIConfig}
+            model = sections.get(prefix, LLMRole)
             shown = "" if model in (GEPAConfig, EIConfig) else prefix
             same = model in (GEPAConfig, EIConfig)
             names = [r.split("`")[1] for r in _rows(model, same_as_run=same)]

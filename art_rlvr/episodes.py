@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from art_rlvr.core import Reply, Score
 from art_rlvr.observe import tracing
-from art_rlvr.outcome import attach_outcome
+from art_rlvr.outcome import art_message, art_tools, attach_outcome
 from art_rlvr.rewards.base import as_score
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.tools import (
@@ -118,7 +118,7 @@ def _episode_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
         "messages": inputs.get("messages"),
         "tools": [getattr(t, "name", getattr(t, "__name__", "?")) for t in inputs.get("tools", ())],
         "max_turns": inputs.get("max_turns"),
-        "sampling": sampling.model_dump() if hasattr(sampling, "model_dump") else sampling,
+        "sampling": sampling.model_dump() if isinstance(sampling, BaseModel) else sampling,
         "metadata": inputs.get("metadata"),
     }
 
@@ -229,8 +229,8 @@ async def run_episode(
     toolbox = as_tools(tools)
     schemas = [t.definition for t in toolbox.values()]
     trajectory = art.Trajectory(
-        messages_and_choices=[dict(m) for m in messages],
-        tools=schemas or None,
+        messages_and_choices=[art_message(m) for m in messages],
+        tools=art_tools(schemas) if schemas else None,
         metadata=dict(metadata or {}),
     )
     choice_param = tool_choice_param(tool_choice) if schemas else None
@@ -248,7 +248,7 @@ async def run_episode(
         trajectory.messages_and_choices.append(choice)
         calls = choice.message.tool_calls or []
         turn_results = [await call_tool(toolbox, call) for call in calls]
-        trajectory.messages_and_choices.extend(r.message for r in turn_results)
+        trajectory.messages_and_choices.extend(art_message(r.message) for r in turn_results)
         trajectory.logs.extend(
             f"turn {index}: tool {r.name} ({r.tool_call_id}) {r.status}: {r.error}"
             for r in turn_results
@@ -266,7 +266,7 @@ async def run_episode(
                 counts["env_error"] = 1
                 trajectory.logs.append(f"turn {index}: episode ended: {failure(error)}")
                 break
-            trajectory.messages_and_choices.extend(dict(m) for m in reply.messages)
+            trajectory.messages_and_choices.extend(art_message(m) for m in reply.messages)
             env_metrics.update(reply.metrics)
             if reply.log:
                 trajectory.logs.append(f"turn {index}: {reply.log}")

@@ -27,7 +27,7 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -221,7 +221,7 @@ class EvalResult(BaseModel):
         return [{**r.row, "sample": r.sample, "seed": r.seed} for r in self.rows]
 
 
-def _inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def _inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     plan = inputs.get("plan")
     where = {"split": plan.split, "step": plan.step, "samples": plan.samples} if plan else {}
     return {**tracing.evaluate_inputs(inputs), **where}

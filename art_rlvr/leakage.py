@@ -181,9 +181,9 @@ def numbers_in(text: str) -> set[Fraction]:
                 found.add(abs(value))
     for run in _word_runs(norm):
         for part in _split_run(run):
-            value = _words_value(part)
-            if value is not None:
-                found.add(Fraction(value))
+            spelt = _words_value(part)
+            if spelt is not None:
+                found.add(Fraction(spelt))
     return found
 
 

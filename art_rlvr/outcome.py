@@ -15,13 +15,14 @@ Every rollout (a single reply or a multi-turn episode) ends in `attach_outcome`,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from art_rlvr.core import Score, correct_from
 
 if TYPE_CHECKING:
     import art
+    from art.types import Message, Tools
 
 
 def attach_outcome(
@@ -68,6 +69,18 @@ def as_message(item: Any) -> dict[str, Any]:
     if getattr(message, "tool_calls", None):
         out["tool_calls"] = [call.model_dump(mode="json") for call in message.tool_calls]
     return out
+
+
+def art_message(message: Mapping[str, Any]) -> Message:
+    """A message built at run time (a prompt, a tool result, an environment's reply) as ART's
+    `Message`, OpenAI's TypedDict union, which ART does not validate either: the one place a
+    plain dict is declared to be one."""
+    return cast("Message", dict(message))
+
+
+def art_tools(tools: Iterable[Mapping[str, Any]]) -> Tools:
+    """Tool schemas built at run time as ART's `Tools` (OpenAI's TypedDicts), likewise."""
+    return cast("Tools", list(tools))
 
 
 def episode_items(trajectory: art.Trajectory) -> list[Any]:

@@ -19,7 +19,7 @@ import inspect
 import random
 import string
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +223,7 @@ class Task:
         """R(x, y). Garbage output scores 0; a reward that raises is a bug and says so. With an
         environment that scores episodes, `completion` is scored as a one-reply episode."""
         completion = completion if isinstance(completion, str) else ""
+        result: Score | float | bool | Awaitable[Score | float | bool]
         if self.reward is None:
             assert self.environment is not None and self.environment.reward is not None
             episode = [*self.render(scenario), {"role": "assistant", "content": completion}]
@@ -396,7 +397,7 @@ def rollout_task(
     checked = check_rollout_function(fn, ref)
     folder = Path.cwd() if near is None else near
     spec = ScenarioSpec(
-        name=name or getattr(fn, "__name__", "rollout"),
+        name=name or str(getattr(fn, "__name__", "rollout")),
         system_prompt=system_prompt,
         id_field=id_field,
         source=source,
@@ -516,7 +517,7 @@ def tool_choice_problem(choice: str | None, tools: Sequence[Callable[..., Any]])
     a 400, so every episode would error), or None."""
     if choice is None or choice in ("auto", "none", "required"):
         return None
-    names = sorted(getattr(t, "name", None) or getattr(t, "__name__", "?") for t in tools)
+    names = sorted(str(getattr(t, "name", None) or getattr(t, "__name__", "?")) for t in tools)
     if choice not in names:
         listed = ", ".join(names) if names else "it has none"
         return f"tool_choice {choice!r} is not auto, none, required or one of its tools ({listed})"

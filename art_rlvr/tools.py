@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -380,6 +380,14 @@ def _call_output(result: ToolCallResult) -> dict[str, Any]:
     return result.model_dump(exclude={"tool_call_id", "arguments"})
 
 
+class _CallId(TypedDict):
+    """What every result of one call repeats: which call, which tool, the raw arguments."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+
+
 @tracing.op("art_rlvr.tool", inputs=_call_inputs, output=_call_output)
 async def call_tool(tools: Mapping[str, Tool], call: Any) -> ToolCallResult:
     """Run one tool call from a model's message (an OpenAI SDK tool call, or anything with
@@ -388,7 +396,11 @@ async def call_tool(tools: Mapping[str, Tool], call: Any) -> ToolCallResult:
     name = str(getattr(function, "name", "") or "")
     raw = getattr(function, "arguments", "")
     raw = raw if isinstance(raw, str) else json.dumps(raw)
-    base = {"tool_call_id": str(getattr(call, "id", "") or ""), "name": name, "arguments": raw}
+    base: _CallId = {
+        "tool_call_id": str(getattr(call, "id", "") or ""),
+        "name": name,
+        "arguments": raw,
+    }
     found = tools.get(name)
     if found is None:
         available = ", ".join(tools) or "none"

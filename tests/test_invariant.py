@@ -104,12 +104,12 @@ def test_rows_that_pad_alike_attend_in_one_group() -> None:
     visible = torch.tensor([[0] * p + [1] * (10 - p) for p in pads], dtype=torch.bool)
     query = torch.zeros(5, 9, 1, 64)
     groups = invariant._plan(visible[:, None, None, :], query, 10)
-    assert [(members(g.index), g.rows, g.keys, g.mask) for g in groups] == [
+    assert [(members(g.batch), g.rows, g.keys, g.mask) for g in groups] == [
         ([0, 2], slice(0, 1), slice(0, 10), None),
         ([1, 3], slice(0, 1), slice(2, 10), None),
         ([4], slice(0, 1), slice(3, 10), None),
     ]
-    assert isinstance(groups[2].index, slice)
+    assert isinstance(groups[2].batch, slice)
 
 
 def members(index: slice | torch.Tensor) -> list[int]:

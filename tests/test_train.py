@@ -213,6 +213,18 @@ async def test_bad_training_input_is_a_clear_error(
     assert await model.get_step() == step
 
 
+async def test_a_plain_model_marked_trainable_is_refused_by_name(tmp_path) -> None:
+    """`art.Model(trainable=True)` has no base model or LoRA to train: registering it says so
+    (it used to fail later, inside the adapter code), before any model loads."""
+    backend = TorchBackend(path=tmp_path, seed=0)
+    try:
+        model = art.Model(name="plain", project="t", trainable=True)
+        with pytest.raises(TypeError, match=r"'plain'.*art\.TrainableModel"):
+            await backend.register(model)
+    finally:
+        await backend.close()
+
+
 async def test_unknown_art_kwargs_warn_not_crash(backend, make_model, task) -> None:
     model = await make_model("kw")
     groups = await contrast_groups(model, task, n_groups=1)

@@ -28,6 +28,7 @@ from typing import Any
 
 import art
 import torch
+from art.dev.model import LoRAConfig
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 from pydantic import BaseModel, ConfigDict, Field
@@ -93,7 +94,9 @@ def load_base(name: str, device: torch.device, dtype: torch.dtype) -> Base:
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # transformers types `PreTrainedModel.to` through a decorator whose signature drops `self`
+    model = loaded.to(device).eval()  # type: ignore[arg-type]
     for param in model.parameters():
         param.requires_grad_(False)
     log.info("loaded %s (%s) in %.1fs on %s", name, path, time.perf_counter() - started, device)
@@ -101,7 +104,7 @@ def load_base(name: str, device: torch.device, dtype: torch.dtype) -> Base:
 
 
 def lora_config(model: art.TrainableModel, base: Base, defaults: LoraSettings) -> LoraConfig:
-    own = dict(model.lora_config or {})
+    own: LoRAConfig = model.lora_config or {}
     return LoraConfig(
         r=own.get("rank", defaults.rank),
         lora_alpha=own.get("alpha", defaults.alpha),

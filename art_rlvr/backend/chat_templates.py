@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -62,7 +62,7 @@ def resolve_chat_template(value: str) -> str:
 class _Generation(jinja2.ext.Extension):
     """transformers' `{% generation %}` block (marks assistant tokens): parsed, not tracked."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags: set[str] = {"generation"}  # noqa: RUF012 (jinja2 declares it so, per instance)
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -132,8 +132,11 @@ def trainable_model(
     """A run's `art.TrainableModel` (run_name = name). A chat template travels in ART's own
     `_internal_config`, which ART's backends and TorchBackend both read, to serve and train."""
     import art
+    from art.dev.model import InternalModelConfig
 
-    config = None if chat_template is None else {"chat_template": chat_template}
+    config: InternalModelConfig | None = (
+        None if chat_template is None else {"chat_template": chat_template}
+    )
     return art.TrainableModel(
         name=name, project=project, run_name=name, base_model=base_model, _internal_config=config
     )

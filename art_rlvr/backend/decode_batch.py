@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DummyLayer
 
 from art_rlvr.backend.engine_types import Completion, SamplingParams, TokenEvent
 
@@ -79,9 +80,20 @@ class Batch:
         return torch.tensor([r.rng.random() for r in self.rows], dtype=torch.float64)
 
 
-def left_pad_cache(cache: DynamicCache, width: int) -> None:
+def kv_layers(cache: DynamicCache) -> list[CacheLayerMixin | DummyLayer]:
+    """The cache's layers as key/value layers (a `DummyLayer` holds None): a linear-attention
+    state cannot be padded or joined row by row, so a model with one is refused by name."""
+    layers: list[CacheLayerMixin | DummyLayer] = []
     for layer in cache.layers:
-        if layer.keys is None or layer.keys.numel() == 0:
+        if not isinstance(layer, CacheLayerMixin | DummyLayer):
+            raise TypeError(f"the decode batch handles key/value caches, not {type(layer)}")
+        layers.append(layer)
+    return layers
+
+
+def left_pad_cache(cache: DynamicCache, width: int) -> None:
+    for layer in kv_layers(cache):
+        if layer.keys is None or layer.values is None or layer.keys.numel() == 0:
             continue
         missing = width - layer.keys.shape[-2]
         if missing > 0:
@@ -113,7 +125,9 @@ def join(
     width = max(batch.attention.shape[1], attention.shape[1])
     left_pad_cache(batch.cache, width)
     left_pad_cache(cache, width)
-    for old, new in zip(batch.cache.layers, cache.layers, strict=True):
+    for old, new in zip(kv_layers(batch.cache), kv_layers(cache), strict=True):
+        if old.keys is None or old.values is None or new.keys is None or new.values is None:
+            continue  # a layer that stores nothing
         old.keys = torch.cat([old.keys, new.keys], dim=0)
         old.values = torch.cat([old.values, new.values], dim=0)
     batch.attention = torch.cat(
@@ -142,8 +156,8 @@ def select(batch: Batch, keep: list[int]) -> None:
     first = int(used[0]) if len(used) else 0
     if first > 0:
         batch.attention = batch.attention[:, first:]
-        for layer in batch.cache.layers:
-            if layer.keys is not None and layer.keys.numel():
+        for layer in kv_layers(batch.cache):
+            if layer.keys is not None and layer.values is not None and layer.keys.numel():
                 layer.keys = layer.keys[..., first:, :]
                 layer.values = layer.values[..., first:, :]
 

@@ -25,7 +25,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
@@ -52,6 +52,7 @@ from art_rlvr.backend.engine_types import (
     EngineStats,
     SamplingParams,
     TokenEvent,
+    embedding_weight,
     eos_ids,
 )
 from art_rlvr.backend.malloc import release_free_memory
@@ -102,7 +103,7 @@ class GenerationEngine:
         self.eos_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = EngineStats()
-        vocab_size = model.get_output_embeddings().weight.shape[0]
+        vocab_size = embedding_weight(model, "output").shape[0]
         self.grammars = Grammars(tokenizer, vocab_size, self.eos_ids)
         self._rng = random.Random(seed)  # the uniform draws of rows without a seed
         # the engine thread's thread count: `threads`, or chosen by timing its steps (on CPU)
@@ -144,7 +145,7 @@ class GenerationEngine:
 
     async def stream(
         self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1, adapter: str | None
-    ) -> AsyncIterator[TokenEvent | list[Completion]]:
+    ) -> AsyncGenerator[TokenEvent | list[Completion], None]:
         """Each token as it is sampled, then the finished completions (the same ones
         `generate` returns). A bad request raises at the first `anext`, before any token."""
         loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,6 +64,12 @@ class ContextLengthError(ValueError):
 class EngineClosed(RuntimeError):
     """The engine has stopped (its backend is closing): a request still waiting, or one that
     arrives now, fails with this; the server answers it with a 503, not a traceback."""
+
+
+def embedding_weight(model: torch.nn.Module, which: Literal["input", "output"]) -> torch.Tensor:
+    """The input or output embedding matrix of a transformers model, or of a peft wrapper
+    (which forwards `get_*_embeddings` to its base model; nn.Module's typing knows neither)."""
+    return getattr(model, f"get_{which}_embeddings")().weight
 
 
 def eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:

@@ -40,7 +40,8 @@ def install(model: torch.nn.Module) -> bool:
     False (and nothing changed) where the model does not use transformers' attention
     interface, so the engine falls back to ordinary batching.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base = getattr(model, "get_base_model", None)  # a peft wrapper's
+    base = get_base() if get_base is not None else model
     if not isinstance(base, PreTrainedModel) or not base._can_set_attn_implementation():
         return False
     if base.config._attn_implementation not in ("sdpa", ATTENTION):
@@ -117,13 +118,13 @@ def row_invariant_attention(
     out = query.new_zeros(batch, q_len, heads, dim)
     for group in _plan(attention_mask, query, key.shape[2]):
         result = _attend(
-            _take(query, group.index)[:, :, group.rows],
-            _take(key, group.index)[:, :, group.keys],
-            _take(value, group.index)[:, :, group.keys],
+            _take(query, group.batch)[:, :, group.rows],
+            _take(key, group.batch)[:, :, group.keys],
+            _take(value, group.batch)[:, :, group.keys],
             group.mask,
             scale,
         )
-        out[_cell(group.index, group.rows)] = result.transpose(1, 2)
+        out[_cell(group.batch, group.rows)] = result.transpose(1, 2)
     return out, None
 
 
@@ -155,7 +156,7 @@ Index = slice | torch.Tensor
 class Group(NamedTuple):
     """Batch rows that attend alike: their queries `rows` see keys `keys` through `mask`."""
 
-    index: Index
+    batch: Index  # which batch rows (`index` would shadow tuple.index)
     rows: Index
     keys: Index
     mask: torch.Tensor | None
@@ -220,7 +221,7 @@ def _groups(
             members.setdefault(entry[0], []).append(b)
             first.setdefault(entry[0], entry[1])
     return [
-        first[s]._replace(index=_span(torch.tensor(batch_rows, device=device)))
+        first[s]._replace(batch=_span(torch.tensor(batch_rows, device=device)))
         for s, batch_rows in members.items()
     ]
 

@@ -49,8 +49,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(target)

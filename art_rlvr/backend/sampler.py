@@ -34,7 +34,11 @@ def sample(
     logp = torch.log_softmax(logits, dim=-1)
     tokens = _sampled(logits, logp, temperature, top_p, uniform)
     top = logp.topk(top_k, dim=-1) if top_k > 0 else None
-    return tokens, logp.gather(-1, tokens[:, None])[:, 0], (tuple(top) if top else None)
+    return (
+        tokens,
+        logp.gather(-1, tokens[:, None])[:, 0],
+        (top.values, top.indices) if top is not None else None,
+    )
 
 
 def sample_tokens(

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,13 +56,18 @@ class ModelNotFound(LookupError):
     """The requested model name is not served here."""
 
 
+Events = AsyncGenerator[TokenEvent | list[Completion], None]  # a streamed request, then its end
+
+
 @dataclass(frozen=True)
 class Route:
     """What a model name resolves to: rendering, generation (whole or streamed), decoding."""
 
     render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], list[int]]
     generate: Callable[[list[int], SamplingParams, int], Awaitable[list[Completion]]]
-    stream: Callable[[list[int], SamplingParams, int], AsyncIterator[TokenEvent | list[Completion]]]
+    stream: Callable[
+        [list[int], SamplingParams, int], AsyncGenerator[TokenEvent | list[Completion], None]
+    ]
     decode: Callable[[list[int]], str]
     decode_token: Callable[[int], str]
     served: ServedLog | None = None  # where what this route returns is recorded
@@ -127,9 +132,9 @@ def build_app(
         try:
             req = ChatRequest.model_validate_json(body)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
+            problem = error.errors()[0]
+            where = ".".join(str(p) for p in problem["loc"])
+            message = problem["msg"].removeprefix("Value error, ")
             return _error(400, f"{where}: {message}" if where else message)
         try:
             route = resolve(req.model)
@@ -144,8 +149,6 @@ def build_app(
                 completions = await _unless_disconnected(
                     request, route.generate(prompt_ids, sampling, req.n)
                 )
-                if completions is None:  # nobody to answer; the engine dropped its rows
-                    return _error(499, "client closed the request")
         except ModelNotFound as error:
             return _error(404, str(error), "not_found_error")
         except ContextLengthError as error:
@@ -161,6 +164,8 @@ def build_app(
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
+        if completions is None:  # nobody to answer; the engine dropped its rows
+            return _error(499, "client closed the request")
         _record(route, req, response_id, prompt_ids, completions)
         return JSONResponse(_response(req, response_id, prompt_ids, completions, route))
 
@@ -335,7 +340,7 @@ async def _sse(
     req: ChatRequest,
     prompt_ids: list[int],
     first: TokenEvent | list[Completion],
-    events: AsyncIterator[TokenEvent | list[Completion]],
+    events: Events,
     route: Route,
     response_id: str,
 ) -> AsyncIterator[str]:

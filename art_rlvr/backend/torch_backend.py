@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from art_rlvr.backend.adapters import LoraSettings, Trainee
 from art_rlvr.backend.art_options import warn_unknown
 from art_rlvr.backend.chat import render_ids, text_content
 from art_rlvr.backend.chat_templates import model_tokenizer
-from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams
+from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams, TokenEvent
 from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
@@ -102,12 +102,17 @@ class TorchBackend:
         (model_dir / "model.json").write_text(json.dumps(model.safe_model_dump(), default=str))
         if not model.trainable:
             return
-        async with self._registry_lock:
-            base_name = getattr(model, "base_model", None) or DEFAULT_BASE_MODEL
-            base = self._bases.get(base_name) or await asyncio.to_thread(
-                A.load_base, base_name, self.device, self.dtype
+        if not isinstance(model, art.TrainableModel):
+            raise TypeError(
+                f"model {model.name!r} says trainable=True but is an art.Model: register an "
+                "art.TrainableModel to train it"
             )
-            self._bases[base_name] = base
+        async with self._registry_lock:
+            base_name = model.base_model or DEFAULT_BASE_MODEL
+            base = self._bases.get(base_name)
+            if base is None:
+                base = await asyncio.to_thread(A.load_base, base_name, self.device, self.dtype)
+                self._bases[base_name] = base
             tokenizer = model_tokenizer(base.tokenizer, model, base_name)  # its chat template
             trainee = self._trainees.get(model.name)
             if trainee is not None:  # the same name registered again (a re-run notebook cell)
@@ -417,7 +422,9 @@ class TorchBackend:
             adapter = await asyncio.to_thread(adapter_for)
             return await engine.generate(prompt, params, n=n, adapter=adapter)
 
-        async def stream(prompt: list[int], params: SamplingParams, n: int) -> AsyncIterator[Any]:
+        async def stream(
+            prompt: list[int], params: SamplingParams, n: int
+        ) -> AsyncGenerator[TokenEvent | list[Completion], None]:
             adapter = await asyncio.to_thread(adapter_for)
             async for item in engine.stream(prompt, params, n=n, adapter=adapter):
                 yield item

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from transformers import DynamicCache
 
+from art_rlvr.backend.engine_types import embedding_weight
 from art_rlvr.backend.train_data import (
     AssistantTurns,
     GroupStats,
@@ -113,7 +114,7 @@ def completion_logprobs(
     model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each completion token under `model`: ([B, K], mask [B, K]), right-aligned."""
-    weights = model.get_input_embeddings().weight
+    weights = embedding_weight(model, "input")
     ids, attention = _left_pad([p + c for p, c in zip(prompts, completions, strict=True)], pad)
     ids, attention = ids.to(weights.device), attention.to(weights.device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -137,7 +138,7 @@ def shared_prompt_logprobs(
     and its KV cache, gradients included, is shared by every row, so a step computes the
     prompt's positions once per group instead of once per sample. Completions are right-padded
     (causal attention never lets a real token see a pad); the result is right-aligned, [B, K]."""
-    device = model.get_input_embeddings().weight.device
+    device = embedding_weight(model, "input").device
     cache = DynamicCache()
     head = model(
         input_ids=torch.tensor([prompt], device=device),

@@ -251,7 +251,7 @@ def rerendered_turn(choice: Choice, prompt: list[Any], tools: Any, tokenizer) ->
         completion_ids = [int(t) for t in extra["token_ids"]]
     elif choice.message.tool_calls:
         (message,) = get_messages([choice])
-        completion_ids = rendered_reply(tokenizer, [*prompt, message], tools)
+        completion_ids = rendered_reply(tokenizer, [*prompt, dict(message)], tools)
     else:
         text = choice.message.content or ""
         completion_ids = [*tokenizer(text, add_special_tokens=False)["input_ids"]]
@@ -367,7 +367,7 @@ def exchange_turns(trajectory: art.Trajectory, tokenizer, policy: TurnPolicy) ->
     for e, exchange in enumerate(exchanges.chat_completions):
         if exchange.model != selected:
             continue  # another model's calls (a judge, a teacher) are not the policy's turns
-        request = dict(exchange.request)
+        request: dict[str, Any] = dict(exchange.request)  # the request's JSON as it was sent
         messages, tools = list(request.get("messages", [])), request.get("tools")
         for choice in exchange.response.choices:
             if "prompt_token_ids" not in (choice.model_extra or {}):

@@ -75,7 +75,7 @@ class EIConfig(BaseModel):
     )
     # the teacher LM (model unset: the embedded model itself, through its own endpoint)
     teacher: LLMRole = Field(
-        default_factory=lambda: LLMRole(**TEACHER_DEFAULTS),
+        default_factory=lambda: LLMRole.model_validate(TEACHER_DEFAULTS),
         description="the teacher LM: teacher.model=..., etc.",
     )
     teacher_concurrency: int = Field(default=4, ge=1, le=64, description="teacher calls in flight")

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from art_rlvr.core import Message, Messages
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.records import HintAttempt, HintRecord
 from art_rlvr.leakage import leaks, quotes, words
@@ -108,7 +109,7 @@ def echoes_hint(completion: str, hint: str, n: int = 4) -> bool:
     return "hint" in words(completion) or quotes(completion, hint, n)
 
 
-def hinted_prompt(messages: Sequence[dict[str, str]], hint: str) -> list[dict[str, str]]:
+def hinted_prompt(messages: Messages, hint: str) -> list[Message]:
     """The clean messages with the hint appended to the last user turn."""
     out = [dict(m) for m in messages]
     for m in reversed(out):
@@ -166,6 +167,7 @@ async def obtain_hint(
             )
             return HintOutcome(record=record, calls=number)
         hint, truncated = clean_hint(reply.text, config.max_hint_chars)
+        verdict: Literal["empty", "leak"]
         if not hint:
             verdict, detail = "empty", "no hint text in the reply"
         elif leaks(hint, answer):
@@ -178,7 +180,9 @@ async def obtain_hint(
             return HintOutcome(record=record, calls=number)
         attempts.append(HintAttempt(text=hint, verdict=verdict, detail=detail))
         messages = hint_messages(messages, reply.text, verdict)
-    dropped = "leak" if any(a.verdict == "leak" for a in attempts) else "empty"
+    dropped: Literal["leak", "empty"] = (
+        "leak" if any(a.verdict == "leak" for a in attempts) else "empty"
+    )
     log.info(
         "no usable hint for %s after %d replies (%s); dropped this round",
         scenario_id,

@@ -16,15 +16,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import art
+from art.types import MessageOrChoice
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.ei.hints import echoes_hint, hinted_prompt, hinted_system
 from art_rlvr.ei.records import DistillExample, Episode, RLGroup
 from art_rlvr.leakage import quotes
-from art_rlvr.outcome import as_message, completion_text, is_correct, is_sampled, turns
+from art_rlvr.outcome import (
+    art_message,
+    art_tools,
+    as_message,
+    completion_text,
+    is_correct,
+    is_sampled,
+    turns,
+)
 from art_rlvr.outcome import episode_items as trajectory_items
 from art_rlvr.scenario import Scenario
 
@@ -152,8 +161,8 @@ def relabelled(
     token data they got under the hinted prompt."""
     return art.Trajectory(
         messages_and_choices=[
-            *[dict(m) for m in opening],
-            *[without_token_data(i) if is_sampled(i) else dict(i) for i in later],
+            *[art_message(m) for m in opening],
+            *[without_token_data(i) if is_sampled(i) else art_message(i) for i in later],
         ],
         tools=trajectory.tools,
         reward=trajectory.reward,
@@ -216,14 +225,14 @@ def episode_of(trajectory: art.Trajectory, opening: int, *, token_data: bool) ->
             for i in items
         ),
         sampled=tuple(map(is_sampled, items)),
-        tools=tuple(trajectory.tools) if trajectory.tools else None,
+        tools=tuple(dict(t) for t in trajectory.tools) if trajectory.tools else None,
     )
 
 
-def episode_items(episode: Episode) -> list[Any]:
+def episode_items(episode: Episode) -> list[MessageOrChoice]:
     """The stored turns as `messages_and_choices` items: sampled ones as `Choice`s again."""
     return [
-        Choice.model_validate(turn) if sampled else dict(turn)
+        Choice.model_validate(turn) if sampled else art_message(turn)
         for turn, sampled in zip(episode.turns, episode.sampled, strict=True)
     ]
 
@@ -232,7 +241,7 @@ def example_from(
     scenario: Scenario,
     system_prompt: str | None,
     trajectory: art.Trajectory,
-    source: str,
+    source: Literal["clean", "hinted"],
     hint_reliance: float | None = None,
 ) -> DistillExample:
     """An SFT example: the clean prompt and the episode's turns after its opening (SFT learns
@@ -243,7 +252,7 @@ def example_from(
         messages=messages,
         completion=completion_text(trajectory),
         reward=trajectory.reward,
-        source=source,  # type: ignore[arg-type]
+        source=source,
         completion_tokens=int(trajectory.metrics.get("completion_tokens", 0)),
         hint_reliance=hint_reliance,
         episode=episode_of(trajectory, len(messages), token_data=False),
@@ -255,10 +264,10 @@ def relabel(example: DistillExample) -> art.Trajectory:
     `train_sft` learns every assistant message's text)."""
     return art.Trajectory(
         messages_and_choices=[
-            *[dict(m) for m in example.messages],
-            *map(as_message, episode_items(example.episode)),
+            *[art_message(m) for m in example.messages],
+            *[art_message(as_message(i)) for i in episode_items(example.episode)],
         ],
-        tools=list(example.episode.tools) if example.episode.tools else None,
+        tools=art_tools(example.episode.tools) if example.episode.tools else None,
         reward=example.reward,
         metadata={"scenario_id": example.scenario_id, "ei_source": example.source},
     )
@@ -287,8 +296,11 @@ def relabel_for_rl(group: RLGroup) -> art.TrajectoryGroup:
     return art.TrajectoryGroup(
         [
             art.Trajectory(
-                messages_and_choices=[*[dict(m) for m in group.messages], *episode_items(ep)],
-                tools=list(ep.tools) if ep.tools else None,
+                messages_and_choices=[
+                    *[art_message(m) for m in group.messages],
+                    *episode_items(ep),
+                ],
+                tools=art_tools(ep.tools) if ep.tools else None,
                 reward=reward,
                 metadata={"scenario_id": group.scenario_id, "ei_relabelled": relabelled},
             )

@@ -34,7 +34,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TextIO, cast
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -429,7 +429,9 @@ def client_for(spec: McpServerSpec, errlog: IO[str] | None) -> mcp.Client:
     params = mcp.StdioServerParameters(
         command=spec.argv[0], args=spec.argv[1:], env=dict(spec.env) or None, cwd=spec.cwd
     )
-    return mcp.Client(mcp.stdio_client(params, errlog=errlog or sys.stderr))
+    # a text-mode TemporaryFile is a TextIOWrapper; typeshed calls it IO[str], mcp asks TextIO
+    stderr = cast(TextIO, errlog) if errlog is not None else sys.stderr
+    return mcp.Client(mcp.stdio_client(params, errlog=stderr))
 
 
 async def _own(

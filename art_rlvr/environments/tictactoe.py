@@ -142,7 +142,7 @@ class TicTacToe(BaseModel):
             if move not in free
             else None
         )
-        if why is not None:
+        if why is not None or move is None:  # (why is set whenever move is None)
             illegal = game.illegal + 1
             status = "forfeit" if illegal >= self.max_illegal else "playing"
             return game.model_copy(

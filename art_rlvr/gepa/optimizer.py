@@ -121,7 +121,7 @@ async def run_optimizer(
     seed_prompt: str | None = None,
     config: GEPAConfig,
     run_dir: Path | str | None = None,
-    on_event: Callable[[HistoryEvent], None] | None = None,
+    on_event: Callable[[HistoryEvent], object] | None = None,
     carry: Sequence[str] = (),
 ) -> tuple[GEPAResult, dict[str, EvalReport]]:
     """The whole run; returns the result and the val reports behind its accuracies.

@@ -33,7 +33,10 @@ def frontier_indices(state: GEPAState) -> list[int]:
 
 def select_parent(state: GEPAState, rng: random.Random) -> int:
     """gepa's Pareto sampling: a frontier candidate, weighted by how many scenarios it leads."""
-    return select_program_candidate_from_pareto_front(front_mapping(state), pool_means(state), rng)
+    # gepa 0.1.4 annotates the scores list[float] but only reads scores[candidate]: a dict,
+    # as our pool is sparse once candidates are evicted
+    means = pool_means(state)
+    return select_program_candidate_from_pareto_front(front_mapping(state), means, rng)  # type: ignore[arg-type]
 
 
 def eviction(state: GEPAState, pool_size: int) -> int | None:

@@ -126,7 +126,9 @@ class GEPAFiles:
         return self.files.root if self.files else None
 
     def load_state(self) -> GEPAState | None:
-        data = self.files.read_json("state.json") if self.files else None
+        if self.files is None:
+            return None
+        data = self.files.read_json("state.json")
         if data is None:
             return None
         try:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import art
 
@@ -42,12 +42,25 @@ class RunContext:
     cpu_started: float = 0.0  # cpu_seconds() then; metrics events carry both clocks
 
 
+def one_task(ctx: RunContext, phase: str) -> Task:
+    """The run's scenario for a phase that runs on one (GEPA, EI): `RunConfig` refuses a
+    mixture for them, so reaching here with one is a caller's mistake, said plainly."""
+    if isinstance(ctx.task, Mixture):
+        raise ValueError(f"{phase} runs on one scenario, not the mixture {ctx.task.name}")
+    return ctx.task
+
+
 def eval_due(index: int, last: int, every: int) -> bool:
     """Evaluate at the start, at the end, and every `every` steps (or rounds) between."""
     return index == 0 or index == last or index % every == 0
 
 
-def clocks(ctx: RunContext) -> dict[str, float]:
+class Clocks(TypedDict):
+    wall_seconds: float
+    cpu_seconds: float
+
+
+def clocks(ctx: RunContext) -> Clocks:
     """The two clocks every timed event carries: since this session started, wall and CPU."""
     return {
         "wall_seconds": time.monotonic() - ctx.started,
@@ -113,8 +126,11 @@ def eval_event(
 ) -> EvalEvent:
     """The metrics line of an evaluation, greedy or sampled (`extra`: clocks, policy, cost).
     A mixture's accuracy is the mean of its scenarios' (each scenario weighs the same)."""
-    sampled = isinstance(report, SampledReport)
-    pooled = report.pass_at[1] if sampled else report.accuracy
+    if isinstance(report, SampledReport):
+        pooled, samples, pass_at = report.pass_at[1], report.samples, report.pass_at
+        completion_tokens: int | None = report.completion_tokens
+    else:  # greedy: one reply per item, the event's defaults
+        pooled, samples, pass_at, completion_tokens = report.accuracy, 1, {}, None
     return EvalEvent(
         split=report.split,
         step=step,
@@ -126,15 +142,9 @@ def eval_event(
         first_error=report.first_error,
         tag=tag,
         by_scenario=scenarios,
-        **(
-            {
-                "samples": report.samples,
-                "pass_at": report.pass_at,
-                "completion_tokens": report.completion_tokens,
-            }
-            if sampled
-            else {}
-        ),
+        samples=samples,
+        pass_at=pass_at,
+        completion_tokens=completion_tokens,
         **extra,
     )
 

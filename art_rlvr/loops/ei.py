@@ -28,7 +28,7 @@ from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
 from art_rlvr.ei.records import EIState, RoundBuffer
 from art_rlvr.llm import LLMClient, LLMCounters
-from art_rlvr.loops.context import RunContext, clocks, eval_due, run_eval
+from art_rlvr.loops.context import RunContext, clocks, eval_due, one_task, run_eval
 from art_rlvr.records import EIRoundEvent
 from art_rlvr.runfiles import StateFileError
 
@@ -71,7 +71,7 @@ def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> 
 
 def check_records(ctx: RunContext, config: EIConfig) -> None:
     """Refuse what EI cannot run on before anything is spent (the CLI asked already)."""
-    if problem := start_problem(config, ctx.task):
+    if problem := start_problem(config, one_task(ctx, "expert iteration")):
         raise ValueError(problem)
 
 
@@ -202,7 +202,7 @@ async def ei_round(
     began = time.monotonic()
     output = await collect_round(
         ctx.model,
-        ctx.task,
+        one_task(ctx, "expert iteration"),
         config,
         index,
         system_prompt=system_prompt,
@@ -267,14 +267,16 @@ def book_round(
     `ei.files.write_round_records`)."""
     stats = buffer.stats.model_dump()
     ctx.files.append_event(
-        EIRoundEvent(
-            round=buffer.round,
-            step=step,
-            **{k: v for k, v in stats.items() if k != "round"},
-            **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
-            trained=train_metrics is not None,
-            seconds=seconds or 0.0,
-            **clocks(ctx),
+        EIRoundEvent.model_validate(  # the round's stats and `train/*` metrics: open-ended
+            {
+                "round": buffer.round,
+                "step": step,
+                **{k: v for k, v in stats.items() if k != "round"},
+                **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
+                "trained": train_metrics is not None,
+                "seconds": seconds or 0.0,
+                **clocks(ctx),
+            }
         )
     )
 
@@ -358,10 +360,10 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
         ),
     }
     if teacher is not None:
-        counters = teacher.counters.snapshot()
+        snapshot = teacher.counters.snapshot()
         summary |= {
-            "teacher_calls": counters["calls"],
-            "teacher_call_errors": counters["error_total"],
+            "teacher_calls": snapshot["calls"],
+            "teacher_call_errors": snapshot["error_total"],
         }
     if run.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (

@@ -161,12 +161,14 @@ def record_step[S: TrainState](
     """Book a finished step: its metrics line (once), its trajectories, then the state without
     the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
     ctx.files.append_event(  # once: a step booked before a kill is not booked again
-        TrainEvent(
-            step=step,
-            **stats,
-            **{f"train/{k}": v for k, v in train_metrics.items()},
-            seconds=seconds,
-            **clocks(ctx),
+        TrainEvent.model_validate(  # the batch's stats and `train/*` are open-ended: a dict
+            {
+                "step": step,
+                **stats,
+                **{f"train/{k}": v for k, v in train_metrics.items()},
+                "seconds": seconds,
+                **clocks(ctx),
+            }
         )
     )
     pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.loops.context import RunContext, run_eval
+from art_rlvr.loops.context import RunContext, one_task, run_eval
 from art_rlvr.loops.rl import STATE, spend, train_until
 from art_rlvr.records import CurvePoint, PromptChangeEvent, ScheduleState
 from art_rlvr.text import excerpt
@@ -62,7 +62,7 @@ def initial_prompt(ctx: RunContext) -> str:
     cfg = ctx.config
     gepa = cfg.gepa.seed_prompt if cfg.mode in ("gepa_rl", "gepa_rl_ei") else None
     return choose_seed_prompt(
-        gepa=gepa, run=cfg.system_prompt, task_default=ctx.task.default_system_prompt
+        gepa=gepa, run=cfg.system_prompt, task_default=one_task(ctx, "GEPA").default_system_prompt
     )
 
 
@@ -78,7 +78,7 @@ async def gepa_phase(
     config = cfg.gepa.model_copy(update={"seed": cfg.gepa.seed * 1000 + phase.round})
     result, _ = await run_optimizer(
         ctx.model,
-        ctx.task,
+        one_task(ctx, "GEPA"),
         seed_prompt=old,
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",

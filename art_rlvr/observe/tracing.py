@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from art_rlvr.runfiles import trajectory_row
 from art_rlvr.text import prompt_hash
 
@@ -198,7 +200,7 @@ def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
         "system_prompt": system,
         "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
         "messages": messages if messages is not None else _messages(scenario, system),
-        "sampling": sampling.model_dump() if hasattr(sampling, "model_dump") else sampling,
+        "sampling": sampling.model_dump() if isinstance(sampling, BaseModel) else sampling,
         "metadata": inputs.get("metadata"),
     }
 

@@ -30,8 +30,12 @@ def figures(run: RunData) -> dict[str, bytes]:
 def val_episode_means(run: RunData) -> list[tuple[int, dict[str, float]]]:
     """Each val evaluation's multi-turn means, from its trajectory file (an evaluation's
     metrics line carries accuracy, not episode counts)."""
-    files = [f for f in run.trajectory_files if f.kind == "val" and f.index is not None]
-    means = [(f.index, episode_means(t.metrics for t in run.trajectories(f))) for f in files]
+    files = [f for f in run.trajectory_files if f.kind == "val"]
+    means = [
+        (f.index, episode_means(t.metrics for t in run.trajectories(f)))
+        for f in files
+        if f.index is not None
+    ]
     return [(step, m) for step, m in means if m]
 
 

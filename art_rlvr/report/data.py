@@ -205,7 +205,9 @@ class RunData:
     @property
     def alarms(self) -> list[Alarm]:
         """Alarms and early stops from metrics.jsonl and summary.json, each once."""
-        found = [(a.kind, a.step, a.message) for a in self.events(AlarmEvent)]
+        found: list[tuple[str, int | None, str]] = [
+            (a.kind, a.step, a.message) for a in self.events(AlarmEvent)
+        ]
         summary = self.summary
         listed = [*summary.alarms] if summary is not None else []
         if summary is not None and summary.early_stop:
@@ -341,7 +343,7 @@ def _trajectory(raw: dict[str, Any]) -> Trajectory:
         completion=str(raw.get("completion") or ""),
         reward=float(reward) if isinstance(reward, int | float) else 0.0,
         feedback=str(raw.get("feedback") or ""),
-        metrics=raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {},
+        metrics=metrics if isinstance(metrics := raw.get("metrics"), dict) else {},
         logs=tuple(str(line) for line in logs) if isinstance(logs, list) else (),
         tail=_messages(raw.get("tail")),
     )
@@ -352,7 +354,7 @@ def _messages(raw: Any) -> tuple[Message, ...]:
 
 
 def _message(m: dict[str, Any]) -> Message:
-    calls = m.get("tool_calls") if isinstance(m.get("tool_calls"), list) else []
+    calls = found if isinstance(found := m.get("tool_calls"), list) else []
     return Message(
         role=str(m.get("role", "?")),
         content=str(m.get("content") or ""),
@@ -364,7 +366,7 @@ def _message(m: dict[str, Any]) -> Message:
 
 def _tool_call(call: dict[str, Any]) -> ToolCall:
     """An OpenAI-shaped call (`function.name`, `function.arguments`), arguments kept as text."""
-    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    function: dict[str, Any] = fn if isinstance(fn := call.get("function"), dict) else {}
     arguments = function.get("arguments", "")
     return ToolCall(
         id=str(call.get("id") or ""),
@@ -389,7 +391,7 @@ def gepa_phases(folder: Path) -> list[GepaPhase]:
 
 def _gepa_phase(folder: Path, label: str) -> GepaPhase:
     record = _json_or_none(folder / "result.json") or _json_or_none(folder / "state.json") or {}
-    candidates = record.get("candidates") if isinstance(record.get("candidates"), list) else []
+    candidates = found if isinstance(found := record.get("candidates"), list) else []
     prompts = {
         c["index"]: str(c.get("prompt", ""))
         for c in candidates

@@ -113,7 +113,7 @@ def prompt_section(run: RunData, system: str | None) -> str:
             parts.append(pre(str(final)))
     summary = run.summary
     seed, best = (summary.seed_prompt, summary.best_prompt) if summary else (None, None)
-    if run.mode == "gepa" and seed and best:
+    if run.mode == "gepa" and summary is not None and seed and best:
         scores = (
             f"val accuracy {num(summary.val_accuracy_before)} &rarr; "
             f"{num(summary.val_accuracy_after)}"

@@ -2,13 +2,19 @@
 
 from pathlib import Path
 
-from art_rlvr.rewards.base import RewardConfigError, RewardFn, Score, build_reward
+from art_rlvr.rewards.base import (
+    RewardConfigError,
+    RewardFactory,
+    RewardFn,
+    Score,
+    build_reward,
+)
 from art_rlvr.rewards.code import code
 from art_rlvr.rewards.math import math
 from art_rlvr.rewards.numeric import numeric
 from art_rlvr.rewards.qa import qa
 
-REWARDS = {"numeric": numeric, "math": math, "code": code, "qa": qa}
+REWARDS: dict[str, RewardFactory] = {"numeric": numeric, "math": math, "code": code, "qa": qa}
 
 
 def make_reward(name: str, params: dict | None = None, near: Path | None = None) -> RewardFn:

@@ -138,8 +138,9 @@ class _Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()  # type: ignore[union-attr]
+            if stream is not None:  # pipes, as the pool opens them
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 class VerifierPool:

@@ -60,13 +60,13 @@ def jsonl_records(source: JsonlSource, base_dir: Path, seed: int) -> Records:
     if source.split_field is not None:
         out = {split: [] for split in SPLITS}
         for record in records:
-            split = record.get(source.split_field)
-            if split not in out:
+            named = record.get(source.split_field)
+            if named not in out:
                 raise ScenarioFileError(
-                    f"{source.path}: record has {source.split_field}={split!r}; "
+                    f"{source.path}: record has {source.split_field}={named!r}; "
                     f"expected one of {SPLITS}"
                 )
-            out[split].append(record)
+            out[named].append(record)
         return out
     sizes = source.splits or SplitSizes(train=len(records), val=0, test=0)
     return deal(records, sizes, "jsonl", seed)

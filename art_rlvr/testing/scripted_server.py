@@ -242,8 +242,8 @@ def _handler(script: _Script) -> type[BaseHTTPRequestHandler]:
                     {} if step.retry_after is None else {"Retry-After": f"{step.retry_after:g}"}
                 )
                 text = step.text or f"scripted error {step.status}"
-                message = {"error": {"message": text, "type": "scripted", "code": step.status}}
-                self._send(step.status, json.dumps(message).encode(), headers)
+                error = {"error": {"message": text, "type": "scripted", "code": step.status}}
+                self._send(step.status, json.dumps(error).encode(), headers)
                 return
             if step.action == "malformed":
                 self._send(200, b'{"id": "chatcmpl-x", "choices": [{"message": {"content": "unte')
@@ -279,7 +279,7 @@ class ScriptedServer:
         self._script = _Script(list(steps), default, replay_identical)
         self._server = _Server(("127.0.0.1", 0), _handler(self._script))
         self._server.daemon_threads = True
-        self.host, self.port = self._server.server_address[:2]
+        self.host, self.port = self._server.socket.getsockname()[:2]  # = server_address
         self._thread = threading.Thread(
             # a short poll: `close` waits one poll interval (0.5 s by default) per server
             target=self._server.serve_forever,

@@ -114,7 +114,7 @@ class RecordingTraceServer:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = self._server.socket.getsockname()[:2]  # what server_address holds
         return f"http://{host}:{port}"
 
     @property

@@ -1,0 +1,27 @@
+"""The type checker as part of the suite: mypy on the package finds no error.
+
+Its settings are pyproject's `[tool.mypy]` (strict on `art_rlvr.core`, the default level
+elsewhere); the same check alone is `uv run mypy`. It keeps its cache in the repository's
+`.mypy_cache` (ignored by git): a fresh clone pays for a cold run once, later runs are quick.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mypy_finds_no_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-color-output", "--no-error-summary"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"mypy (exit {done.returncode}):\n{done.stdout}{done.stderr}"
+    assert done.stdout.strip() == "", done.stdout  # no note or warning either
