@@ -141,7 +141,9 @@ def windows(trace: list[str]) -> list[tuple[str, int]]:
         if line.startswith("os.mkdir"):
             continue
         pattern = (
-            "^" + re.sub(r"\\\.(tmp-\d+-|[a-z_]+\\\.json\\\.)[\w]+", _temp, re.escape(line)) + "$"
+            "^"
+            + re.sub(r"\\\.(tmp\\-\d+\\-|[a-z_]+\\\.json\\\.)[\w]+", _temp, re.escape(line))
+            + "$"
         )
         seen[pattern] = seen.get(pattern, 0) + 1
         out.append((pattern, seen[pattern]))
@@ -149,8 +151,26 @@ def windows(trace: list[str]) -> list[tuple[str, int]]:
 
 
 def _temp(match: re.Match) -> str:
-    head = match.group(1)
-    return "\\." + (r"tmp-\d+-\w+" if head.startswith("tmp") else re.escape(head) + r"\w+")
+    head = match.group(1)  # already escaped: `config\.json\.`
+    return "\\." + (r"tmp-\d+-\w+" if head.startswith("tmp") else head + r"\w+")
+
+
+@pytest.mark.parametrize(
+    ("line", "another"),
+    [
+        ("open .config.json.k3x_9q", "open .config.json.Zz81ab"),
+        ("os.rename models/m/.tmp-4121-abc", "os.rename models/m/.tmp-77-q1"),
+        ("open trajectories/val_0000.jsonl", "open trajectories/val_0000.jsonl"),
+        ("os.rename state.json", "os.rename state.json"),
+    ],
+)
+def test_a_window_matches_its_write_and_every_temporary_name_of_it(line: str, another: str) -> None:
+    """The sweep kills at a pattern made from the reference run's write; a temporary name stands
+    for every temporary name of its file (a `.config.json.<random>` pattern was escaped twice
+    and matched nothing, so its kill never landed)."""
+    ((pattern, occurrence),) = windows([line])
+    assert occurrence == 1 and re.match(pattern, line) and re.match(pattern, another)
+    assert not re.match(pattern, f"{line}/other") and not re.match(pattern, f"x{line}")
 
 
 @pytest.mark.slow
