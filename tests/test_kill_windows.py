@@ -174,6 +174,7 @@ def test_a_window_matches_its_write_and_every_temporary_name_of_it(line: str, an
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # about a minute a window: longer than the suite's 900 s per test
 def test_a_kill_before_any_write_then_resume_equals_the_unkilled_run(
     reference: tuple[dict[str, Any], list[str]], tmp_path: Path
 ) -> None:
