@@ -1,13 +1,17 @@
-"""The types every layer shares: a record, messages, one verdict, an environment's answer.
+"""The types every layer shares: a record, messages, one verdict, an environment's answer,
+and an episode bound to its record.
 
 A record `x` is opaque (only a scenario's own reward and environment read it); a reward, an
-episode scorer and a trajectory's outcome all say the same thing, a `Score`; an environment
-answers a turn with a `Reply`. Everything here is data: no ART, no torch, nothing to load.
+episode's reward and a trajectory's outcome all say the same thing, a `Score`; an environment
+answers a turn with a `Reply`; an `Episode` is everything the one rollout loop
+(`art_rlvr.rollouts.run_episode`) needs to run one record. Everything here is data: no ART, no
+torch, nothing to load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,4 +61,49 @@ class Reply(BaseModel):
         return cls(messages=({"role": "user", "content": text},), **fields)
 
 
-__all__ = ["Loss", "Message", "Messages", "Record", "Reply", "Score", "correct_from"]
+DEFAULT_MAX_TURNS = 8
+DEFAULT_CALLBACK_TIMEOUT_S = 30.0
+DEFAULT_TOOL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One record's episode with everything bound to the record, so the loop never reads `x`.
+
+    `messages`: the opening. `tools`: functions (or `art_rlvr.tools.Tool`s) the model may call.
+    `respond(episode so far)`: the answer to each turn, a `Reply`, a str (one user message) or
+    None (nothing to add), sync or async; None: nothing answers. `reward(episode)`: R(x, episode)
+    as a `Score`, a number in [0, 1] or a bool; None: the caller scores the last reply (a
+    scenario's `[reward]`). Both run off the event loop under `timeout_s`. `max_turns` caps the
+    sampled turns; `tool_choice` ("auto", "required", "none" or a tool's name) holds until the
+    first tool call unless `reset_tool_choice` is False. A single-turn episode is one with no
+    tools and nothing that answers or judges it: one request, one reply."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: tuple[Any, ...] = ()
+    respond: Callable[[Messages], Any] | None = None
+    reward: Callable[[Messages], Any] | None = None
+    max_turns: int = DEFAULT_MAX_TURNS
+    timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
+    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
+    tool_choice: str | dict[str, Any] | None = None
+    reset_tool_choice: bool = True
+
+    @property
+    def single_turn(self) -> bool:
+        return self.respond is None and self.reward is None and not self.tools
+
+
+__all__ = [
+    "DEFAULT_CALLBACK_TIMEOUT_S",
+    "DEFAULT_MAX_TURNS",
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "Episode",
+    "Loss",
+    "Message",
+    "Messages",
+    "Record",
+    "Reply",
+    "Score",
+    "correct_from",
+]

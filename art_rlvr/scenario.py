@@ -26,11 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from art_rlvr.core import Messages
+from art_rlvr.core import Episode
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
 from art_rlvr.environments.rollout_fn import (
     RolloutFunction,
-    RolloutFunctionError,
+    RolloutFunctionConfigError,
     check_rollout_function,
     load_rollout_function,
 )
@@ -105,26 +105,6 @@ class ScenarioSpec(BaseModel):
     # completion tokens per turn that fit this scenario's episodes (a whole tool call, say);
     # the run's `max_tokens=` overrides it, and a scenario without one takes the run's default
     max_tokens: int | None = Field(default=None, ge=1, le=4096)
-
-
-@dataclass(frozen=True)
-class Episode:
-    """How one record runs: the opening messages and, for an environment, its tools, its
-    answers and its reward bound to the record (so callers never read `x`). `respond` None:
-    nothing answers a turn; `reward` None: the scenario's `[reward]` scores the last reply."""
-
-    messages: list[dict[str, Any]]
-    tools: tuple[Callable[..., Any], ...] = ()
-    respond: Callable[[Messages], Any] | None = None
-    reward: Callable[[Messages], Any] | None = None
-    max_turns: int = 1
-    timeout_s: float = 30.0
-    tool_timeout_s: float = 10.0
-    tool_choice: str | None = None
-
-    @property
-    def single_turn(self) -> bool:
-        return self.respond is None and self.reward is None and not self.tools
 
 
 @dataclass(frozen=True)
@@ -207,7 +187,7 @@ class Task:
         opening = messages if messages is not None else self.render(scenario, system_prompt)
         env, spec = self.environment, self.spec.environment
         if env is None or spec is None:
-            return Episode(messages=opening)
+            return Episode(messages=opening, max_turns=1)
         return Episode(
             messages=opening,
             tools=env.tools,
@@ -374,7 +354,7 @@ def load_rollout(spec: ScenarioSpec, path: Path, text: str) -> RolloutFunction |
             )
     try:
         return load_rollout_function(spec.rollout.function, near=path.parent)
-    except RolloutFunctionError as error:
+    except RolloutFunctionConfigError as error:
         raise ScenarioFileError(f"{_where(path, text, ('rollout', 'function'))}: {error}") from None
 
 

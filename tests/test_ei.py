@@ -16,7 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
 from art_rlvr.config import ConfigError, parse_args
-from art_rlvr.core import Reply
+from art_rlvr.core import Episode, Messages, Reply
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
 from art_rlvr.ei.files import write_round_records
@@ -47,12 +47,11 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.episodes import Turn, run_episode
 from art_rlvr.llm import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
 from art_rlvr.outcome import attach_outcome, feedback_of, is_correct, is_sampled, turns
-from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.rollouts import SamplingConfig, run_episode
 from art_rlvr.runfiles import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -321,16 +320,15 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     system = "Reply with only the final number."
     clean = list(clean_messages(scenario, system))
 
-    def env(turn: Turn, _: art.Trajectory) -> Reply:
-        if turn.index == 2:
+    def env(messages: Messages) -> Reply:
+        index = sum(m["role"] == "assistant" for m in messages) - 1
+        if index == 2:
             return Reply(done=True)
-        return Reply(messages=({"role": "user", "content": f"Check step {turn.index} again."},))
+        return Reply(messages=({"role": "user", "content": f"Check step {index} again."},))
 
     hinted = await run_episode(
         model,
-        hinted_prompt(clean, MARKER),
-        env=env,
-        max_turns=5,
+        Episode(hinted_prompt(clean, MARKER), respond=env, max_turns=5),
         sampling=SamplingConfig(max_tokens=6, temperature=1.0, seed=3),
     )
     attach_outcome(hinted, reward=1.0, feedback="solved", metrics={})

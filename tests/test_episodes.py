@@ -21,9 +21,9 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from pydantic import BaseModel
 
-from art_rlvr.core import Reply, Score
-from art_rlvr.episodes import Turn, run_episode
+from art_rlvr.core import Episode, Messages, Reply, Score
 from art_rlvr.outcome import feedback_of
+from art_rlvr.rollouts import run_episode
 from art_rlvr.sampling import SamplingConfig, rollout_seed
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
@@ -85,7 +85,7 @@ async def test_multi_turn_tool_episode_is_one_trajectory() -> None:
     ]
     with ScriptedServer(script) as server:
         t = await run_episode(
-            scripted_model(server), [SYSTEM, USER], tools=[add, weather],
+            scripted_model(server), Episode([SYSTEM, USER], tools=(add, weather)),
             sampling=SamplingConfig(max_tokens=32, seed=3),
         )  # fmt: skip
         requests = server.chat_requests
@@ -211,7 +211,9 @@ async def test_a_failing_call_is_a_message_the_model_sees(
     script = [Step.calls((name, arguments)), Step.reply("Sorry.")]
     with ScriptedServer(script) as server:
         started = time.monotonic()
-        t = await run_episode(scripted_model(server), [USER], tools=failing_tools(release))
+        t = await run_episode(
+            scripted_model(server), Episode([USER], tools=tuple(failing_tools(release)))
+        )
         elapsed = time.monotonic() - started
         requests = server.chat_requests
     assert kinds(t) == ["user", "choice", "tool", "choice"]
@@ -228,13 +230,15 @@ async def test_a_failing_call_is_a_message_the_model_sees(
 
 async def test_traceback_of_a_raising_tool_is_kept_in_logs() -> None:
     with ScriptedServer([Step.calls(("explode", "{}")), Step.reply("ok")]) as server:
-        t = await run_episode(scripted_model(server), [USER], tools=[explode])
+        t = await run_episode(scripted_model(server), Episode([USER], tools=(explode,)))
     assert any("Traceback" in line and 'raise ValueError("boom")' in line for line in t.logs)
 
 
 async def test_huge_output_is_truncated_with_a_note() -> None:
     with ScriptedServer([Step.calls(("huge", "{}")), Step.reply("ok")]) as server:
-        t = await run_episode(scripted_model(server), [USER], tools=[tool(huge, max_chars=1000)])
+        t = await run_episode(
+            scripted_model(server), Episode([USER], tools=(tool(huge, max_chars=1000),))
+        )
         sent = server.chat_requests[1].messages[-1]["content"]
     content = t.messages_and_choices[2]["content"]
     assert content == sent
@@ -267,7 +271,7 @@ async def test_hung_sync_tools_do_not_hold_up_later_calls(release) -> None:
 
 async def test_turn_cap_ends_a_model_that_never_stops_calling() -> None:
     with ScriptedServer([], default=Step.calls(("add", {"a": 1, "b": 1}))) as server:
-        t = await run_episode(scripted_model(server), [USER], tools=[add], max_turns=3)
+        t = await run_episode(scripted_model(server), Episode([USER], tools=(add,), max_turns=3))
         assert len(server.chat_requests) == 3
     assert kinds(t) == ["user", "choice", "tool", "choice", "tool", "choice", "tool"]
     assert (t.metrics["turns"], t.metrics["tool_calls"], t.metrics["turn_cap_hit"]) == (3, 3, 1)
@@ -275,12 +279,16 @@ async def test_turn_cap_ends_a_model_that_never_stops_calling() -> None:
 
 
 async def test_no_tools_is_a_single_turn_rollout() -> None:
+    """A single-turn episode sends one request and counts only its tokens and whether the
+    reply was cut: no turns or tools to count (a single-reply rollout's metrics)."""
     with ScriptedServer([Step.reply("5")]) as server:
-        t = await run_episode(scripted_model(server), [USER], sampling=SamplingConfig(seed=11))
+        t = await run_episode(
+            scripted_model(server), Episode([USER]), sampling=SamplingConfig(seed=11)
+        )
         body = server.chat_requests[0].body
     assert kinds(t) == ["user", "choice"] and t.tools is None
     assert "tools" not in body and "tool_choice" not in body and body["seed"] == 11
-    assert (t.metrics["turns"], t.metrics["tool_calls"], t.metrics["turn_cap_hit"]) == (1, 0, 0)
+    assert set(t.metrics) == {"completion_tokens", "truncated"} and t.metrics["truncated"] == 0
 
 
 @pytest.mark.parametrize(
@@ -294,9 +302,9 @@ async def test_named_tool_choice_then_reset(reset, expected) -> None:
     script = [Step.calls(("add", {"a": 1, "b": 2})), Step.reply("3")]
     with ScriptedServer(script) as server:
         await run_episode(
-            scripted_model(server), [USER], tools=[add, weather], tool_choice="add",
-            reset_tool_choice=reset,
-        )  # fmt: skip
+            scripted_model(server),
+            Episode([USER], tools=(add, weather), tool_choice="add", reset_tool_choice=reset),
+        )
         sent = [r.body.get("tool_choice") for r in server.chat_requests]
     assert sent == expected
 
@@ -308,16 +316,18 @@ class Guess:
         self.secret = secret
         self.seen: list[int] = []
 
-    def __call__(self, turn: Turn, trajectory: art.Trajectory) -> Reply:
-        self.seen.append(turn.index)
-        guess = int(turn.text) if turn.text.strip().isdigit() else None
+    def __call__(self, messages: Messages) -> Reply:
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        index, text = len(replies) - 1, replies[-1]
+        self.seen.append(index)
+        guess = int(text) if text.strip().isdigit() else None
         if guess is None:
             return Reply(
                 messages=({"role": "user", "content": "Answer with a number."},),
                 metrics={"illegal_moves": 1},
             )
         if guess == self.secret:
-            return Reply(done=True, log=f"solved in {turn.index + 1}")
+            return Reply(done=True, log=f"solved in {index + 1}")
         hint = "higher" if guess < self.secret else "lower"
         return Reply(messages=({"role": "user", "content": hint},))
 
@@ -326,12 +336,12 @@ async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
     env = Guess(62)
     script = [Step.reply("50"), Step.reply("a guess"), Step.reply("75"), Step.reply("62")]
 
-    async def score(t: art.Trajectory) -> Score:
-        turns = t.metrics["turns"]
+    async def score(messages: Messages) -> Score:
+        turns = sum(m["role"] == "assistant" for m in messages)
         return Score(reward=1 / turns, metrics={"won": 1.0}, feedback="won")
 
     with ScriptedServer(script) as server:
-        t = await run_episode(scripted_model(server), [USER], env=env, score=score)
+        t = await run_episode(scripted_model(server), Episode([USER], respond=env, reward=score))
         last_sent = server.chat_requests[-1].messages
     assert env.seen == [0, 1, 2, 3]
     assert kinds(t) == ["user", "choice", "user", "choice", "user", "choice", "user", "choice"]
@@ -340,17 +350,17 @@ async def test_environment_drives_the_episode_and_score_sets_reward() -> None:
     ]  # fmt: skip
     assert t.reward == 0.25
     m = t.metrics
-    assert (m["turns"], m["illegal_moves"], m["won"], m["env_error"], m["score_error"]) == (
+    assert (m["turns"], m["illegal_moves"], m["won"], m["env_error"], m["reward_error"]) == (
         4, 1, 1, 0, 0,
     )  # fmt: skip
     assert "turn 3: solved in 4" in t.logs and feedback_of(t) == "won" and "won" not in t.logs
 
 
-def raising_env(turn: Turn, trajectory: art.Trajectory) -> Reply:
+def raising_env(messages: Messages) -> Reply:
     raise KeyError("board")
 
 
-def wrong_type_env(turn: Turn, trajectory: art.Trajectory) -> int:
+def wrong_type_env(messages: Messages) -> int:
     return 3
 
 
@@ -358,7 +368,7 @@ def wrong_type_env(turn: Turn, trajectory: art.Trajectory) -> int:
     ("make_env", "reason"),
     [
         (lambda release: raising_env, "environment raised KeyError: 'board'"),
-        (lambda release: lambda turn, t: release.wait(30), "environment timed out after 0.3 s"),
+        (lambda release: lambda messages: release.wait(30), "environment timed out after 0.3 s"),
         (lambda release: wrong_type_env, "an environment returns Reply, str or None, not int"),
     ],
 )
@@ -367,31 +377,34 @@ async def test_failing_environment_ends_the_episode_with_zero_reward(
 ) -> None:
     scored: list[float] = []
     with ScriptedServer([Step.reply("50")], default=Step.reply("again")) as server:
-        t = await run_episode(
-            scripted_model(server), [USER], env=make_env(release), score=lambda t: scored.append(1) or 1.0,
-            callback_timeout_s=0.3,
+        episode = Episode(
+            [USER], respond=make_env(release), reward=lambda m: scored.append(1) or 1.0,
+            timeout_s=0.3,
         )  # fmt: skip
+        t = await run_episode(scripted_model(server), episode)
         assert len(server.chat_requests) == 1
     assert kinds(t) == ["user", "choice"]
     assert (t.reward, t.metrics["env_error"], t.metrics["turn_cap_hit"]) == (0.0, 1, 0)
     assert scored == []  # no reward for an episode the environment could not finish
     assert any("episode ended" in line and reason in line for line in t.logs)
+    assert feedback_of(t).startswith("the environment failed, reward 0: ")
 
 
 async def test_environment_str_reply_and_scorer_failure() -> None:
     replies = iter(["try again", None])
 
-    async def env(turn: Turn, trajectory: art.Trajectory) -> str | None:
+    async def env(messages: Messages) -> str | None:
         return next(replies)
 
-    def score(t: art.Trajectory) -> float:
+    def score(messages: Messages) -> float:
         raise RuntimeError("grader down")
 
     with ScriptedServer([Step.reply("1"), Step.reply("2")]) as server:
-        t = await run_episode(scripted_model(server), [USER], env=env, score=score)
+        t = await run_episode(scripted_model(server), Episode([USER], respond=env, reward=score))
     assert kinds(t) == ["user", "choice", "user", "choice"]
     assert t.messages_and_choices[2] == {"role": "user", "content": "try again"}
-    assert (t.reward, t.metrics["score_error"], t.metrics["env_error"]) == (0.0, 1, 0)
+    assert (t.reward, t.metrics["reward_error"], t.metrics["env_error"]) == (0.0, 1, 0)
+    assert feedback_of(t) == "the reward failed, reward 0: reward raised RuntimeError: grader down"
     assert any("scoring failed" in line and "grader down" in line for line in t.logs)
 
 
@@ -410,8 +423,8 @@ async def test_a_scorer_returns_what_a_reward_may(verdict, reward: float, reason
     """One verdict type: an episode scorer returns a `Score`, a number in [0, 1] or a bool,
     like a reward; anything else scores 0 with the reason logged."""
     with ScriptedServer([Step.reply("1")]) as server:
-        t = await run_episode(scripted_model(server), [USER], score=lambda t: verdict)
-    assert (t.reward, t.metrics["score_error"]) == (reward, float(reason is not None))
+        t = await run_episode(scripted_model(server), Episode([USER], reward=lambda m: verdict))
+    assert (t.reward, t.metrics["reward_error"]) == (reward, float(reason is not None))
     if reason is not None:
         assert any("scoring failed" in line and reason in line for line in t.logs)
 
@@ -423,9 +436,9 @@ async def test_bad_setup_is_refused_before_any_request() -> None:
     with ScriptedServer([Step.reply("x")]) as server:
         model = scripted_model(server)
         with pytest.raises(ValueError, match="two tools share a name: add"):
-            await run_episode(model, [USER], tools=[add, tool(also_add, name="add")])
+            await run_episode(model, Episode([USER], tools=(add, tool(also_add, name="add"))))
         with pytest.raises(ValueError, match="max_turns must be >= 1"):
-            await run_episode(model, [USER], max_turns=0)
+            await run_episode(model, Episode([USER], max_turns=0))
         assert server.chat_requests == []
 
 
@@ -683,7 +696,7 @@ def test_schema_from_signature(fn, description, parameters) -> None:
 )
 async def test_arguments_are_validated_into_the_signature(fn, arguments, content) -> None:
     with ScriptedServer([Step.calls((fn.__name__, arguments)), Step.reply("done")]) as server:
-        t = await run_episode(scripted_model(server), [USER], tools=[fn])
+        t = await run_episode(scripted_model(server), Episode([USER], tools=(fn,)))
     assert t.messages_and_choices[2]["content"] == content
     assert t.metrics["tool_errors"] == 0
 
@@ -706,7 +719,8 @@ def test_tool_choice_and_overrides() -> None:
 
 EPISODE_UNDER_WEAVE = """
 import asyncio, sys
-from art_rlvr.episodes import run_episode
+from art_rlvr.core import Episode
+from art_rlvr.rollouts import run_episode
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
@@ -721,7 +735,7 @@ async def main():
     with ScriptedServer(script) as server:
         model = art.Model(name="e", project="t", inference_base_url=server.base_url,
                           inference_api_key="k", inference_model_name="scripted")
-        await run_episode(model, [{"role": "user", "content": "2+3?"}], tools=[add])
+        await run_episode(model, Episode([{"role": "user", "content": "2+3?"}], tools=(add,)))
     finish_weave()
 
 asyncio.run(main())
@@ -771,15 +785,13 @@ async def test_episode_on_torch_backend_with_the_embedded_model(model) -> None:
     """A real episode on TorchBackend: the named tool_choice forces a schema-valid call on
     turn 0 (constrained decoding), the tool answers, and the model gets its turn again under
     `auto`. Every sampled turn keeps the server's token ids and logprobs for training."""
+    opening = [
+        {"role": "system", "content": "Use the multiply tool for products."},
+        {"role": "user", "content": "What is 1234 * 5678?"},
+    ]
     t = await run_episode(
         model,
-        [
-            {"role": "system", "content": "Use the multiply tool for products."},
-            {"role": "user", "content": "What is 1234 * 5678?"},
-        ],
-        tools=[multiply],
-        tool_choice="multiply",
-        max_turns=3,
+        Episode(opening, tools=(multiply,), tool_choice="multiply", max_turns=3),
         sampling=SamplingConfig(max_tokens=48, temperature=0, seed=0),
     )
     choices = [m for m in t.messages_and_choices if isinstance(m, Choice)]

@@ -19,7 +19,7 @@ import art
 import pytest
 from gepa.core.adapter import EvaluationBatch
 
-from art_rlvr.episodes import run_episode
+from art_rlvr.core import Episode
 from art_rlvr.gepa import (
     ARTPromptAdapter,
     BudgetExceeded,
@@ -47,7 +47,7 @@ from art_rlvr.gepa.reflection import (
 )
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
 from art_rlvr.outcome import attach_outcome
-from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.rollouts import SamplingConfig, run_episode
 from art_rlvr.scenario import batch_scenarios
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.text import prompt_hash
@@ -255,7 +255,9 @@ async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
             inference_api_key="k",
             inference_model_name="scripted",
         )
-        episode = await run_episode(policy, messages, tools=[add], metadata={"scenario_id": "sum"})
+        episode = await run_episode(
+            policy, Episode(messages, tools=(add,)), metadata={"scenario_id": "sum"}
+        )
     # what a rollout ends in (the trajectory contract), as a reward would score this episode
     trajectory = attach_outcome(episode, reward=0.0, feedback="the sum is 5", metrics={})
     ev = scenario_eval(art.TrajectoryGroup([trajectory]), SEED)

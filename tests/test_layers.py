@@ -25,7 +25,6 @@ LAYERS: list[tuple[str, set[str]]] = [
             "evaluation",
             "eval_run",
             "rollouts",
-            "episodes",
             "tools",
             "sampling",
             "policy",

@@ -26,14 +26,14 @@ import mcp_types
 import pytest
 from test_episodes import scripted_model
 
+from art_rlvr.core import Episode
 from art_rlvr.environments.mcp_tools import (
     McpServer,
     McpServerSpec,
     schema_problem,
     servers_of,
 )
-from art_rlvr.episodes import run_episode
-from art_rlvr.rollouts import rollout
+from art_rlvr.rollouts import rollout, run_episode
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import load_task
 from art_rlvr.sources import ScenarioFileError
@@ -145,9 +145,11 @@ async def test_a_server_that_dies_mid_episode_is_restarted_and_the_call_is_an_er
         async with s:
             t = await run_episode(
                 scripted_model(llm),
-                [{"role": "user", "content": "What is 2 * 3?"}],
-                tools=[tool(x, timeout_s=20) for x in s.tools],
-                max_turns=4,
+                Episode(
+                    [{"role": "user", "content": "What is 2 * 3?"}],
+                    tools=tuple(tool(x, timeout_s=20) for x in s.tools),
+                    max_turns=4,
+                ),
             )
     tool_texts = [m["content"] for m in t.messages_and_choices if isinstance(m, dict)][1:]
     first_pid, crash, second_pid, product = tool_texts

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from art_rlvr.rewards.base import exec_file
 
 
-class RolloutFunctionError(ValueError):
+class RolloutFunctionConfigError(ValueError):
     """A rollout function named by a scenario cannot be used: the scenario file says where."""
 
 
@@ -60,19 +60,23 @@ def check_rollout_function(fn: Any, ref: str) -> RolloutFunction:
     """`fn` as a `RolloutFunction`, or why it is none: not callable, not `async def`, or a
     signature that cannot take (model, record) or (model, record, context)."""
     if not callable(fn):
-        raise RolloutFunctionError(f"rollout {ref!r} is a {type(fn).__name__}, not a function")
+        raise RolloutFunctionConfigError(
+            f"rollout {ref!r} is a {type(fn).__name__}, not a function"
+        )
     target = fn.__call__ if not inspect.isfunction(fn) and not inspect.ismethod(fn) else fn
     if not inspect.iscoroutinefunction(target):
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"rollout {ref!r} is not an async function: write `async def rollout(model, record)` "
             "returning an art.Trajectory"
         )
     try:
         required, accepted = positional_arity(fn)
     except (TypeError, ValueError) as error:
-        raise RolloutFunctionError(f"rollout {ref!r}: no signature to check ({error})") from None
+        raise RolloutFunctionConfigError(
+            f"rollout {ref!r}: no signature to check ({error})"
+        ) from None
     if required > 3 or accepted < 2:
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"rollout {ref!r} takes {required} required positional parameter(s) and at most "
             f"{accepted}: it must accept (model, record) or (model, record, context)"
         )
@@ -90,10 +94,10 @@ def import_module_from(module: str, near: Path | None) -> Any:
     except ModuleNotFoundError as error:
         beside = near / f"{module}.py" if near is not None and module.isidentifier() else None
         if beside is None or not beside.is_file() or error.name != module:
-            raise RolloutFunctionError(f"cannot import module {module!r}: {error}") from None
+            raise RolloutFunctionConfigError(f"cannot import module {module!r}: {error}") from None
         return load_file(beside)
     except Exception as error:
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"importing module {module!r} raised {type(error).__name__}: {error}"
         ) from None
 
@@ -101,14 +105,14 @@ def import_module_from(module: str, near: Path | None) -> Any:
 def load_file(path: Path) -> Any:
     """The module in `path`, under its file name (once: a second scenario naming it reuses it)."""
     if not path.is_file():
-        raise RolloutFunctionError(f"no file {path}")
+        raise RolloutFunctionConfigError(f"no file {path}")
     loaded = sys.modules.get(path.stem)
     if loaded is not None and getattr(loaded, "__file__", None) == str(path):
         return loaded
     try:
         return exec_file(path.stem, path)
     except Exception as error:
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"importing {path} raised {type(error).__name__}: {error}"
         ) from None
 
@@ -117,13 +121,13 @@ def load_rollout_function(ref: str, near: Path | None = None) -> RolloutFunction
     """The function `ref` (`module:function` or `file.py:function`) names, checked."""
     module, sep, attr = ref.rpartition(":")
     if not sep or not module or not attr.isidentifier():
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"rollout {ref!r} must look like 'module:function' or 'path/to/file.py:function'"
         )
     found = import_module_from(module, near)
     if not hasattr(found, attr):
         public = sorted(n for n in vars(found) if not n.startswith("_"))
-        raise RolloutFunctionError(
+        raise RolloutFunctionConfigError(
             f"module {module!r} has no attribute {attr!r}; it has: {', '.join(public) or 'none'}"
         )
     return check_rollout_function(getattr(found, attr), ref)
@@ -132,7 +136,7 @@ def load_rollout_function(ref: str, near: Path | None = None) -> RolloutFunction
 __all__ = [
     "RolloutFailed",
     "RolloutFunction",
-    "RolloutFunctionError",
+    "RolloutFunctionConfigError",
     "check_rollout_function",
     "load_rollout_function",
 ]

@@ -307,13 +307,15 @@ def ei_round_output(output: Any) -> dict[str, Any]:
 
 
 def env_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """An environment's view of a turn: its index, the reply and what its tool calls did."""
-    turn = inputs.get("turn")
-    results = getattr(turn, "tool_results", ())
+    """An environment's view of a turn: its index, the reply and the tools that reply called."""
+    messages = inputs.get("messages") or []
+    replies = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
+    last = replies[-1] if replies else {}
+    calls = last.get("tool_calls") or []
     return {
-        "index": getattr(turn, "index", None),
-        "reply": getattr(turn, "text", None),
-        "tool_calls": [{"name": r.name, "status": r.status} for r in results],
+        "index": inputs.get("index"),
+        "reply": last.get("content"),
+        "tool_calls": [c.get("function", {}).get("name") for c in calls if isinstance(c, Mapping)],
     }
 
 

@@ -1,5 +1,5 @@
 """art_rlvr's in-process verifiers harness: a verifiers 0.4 `Harness` whose loop is art_rlvr's
-own episode loop (`art_rlvr.episodes.run_episode`), run in the trainer's event loop.
+own episode loop (`art_rlvr.rollouts.run_episode`), run in the trainer's event loop.
 
 verifiers runs each rollout's harness as a program that talks to its interception proxy;
 `Harness.launch`'s contract allows a harness to run its loop in-process instead, as long as every
@@ -23,8 +23,9 @@ from openai import AsyncOpenAI
 from pydantic import Field
 from verifiers.v1.runtimes import ProgramResult
 
+from art_rlvr.core import Episode
 from art_rlvr.environments.mcp_tools import McpServer, McpServerSpec, list_tools
-from art_rlvr.episodes import run_episode
+from art_rlvr.rollouts.loop import run_episode
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.tools import DEFAULT_MAX_CHARS, DEFAULT_TIMEOUT_S, Tool, tool
 
@@ -124,10 +125,12 @@ class ArtRlvrHarness(vf.Harness[ArtRlvrHarnessConfig]):
             tools = await mcp_tools(stack, mcp_urls, self.config)
             episode = await run_episode(
                 ProxyModel(ctx.model, client),  # type: ignore[arg-type]
-                opening(system, prompt),
-                tools=tools,
-                tool_choice=self.config.tool_choice if tools else None,
-                max_turns=self.config.max_turns,
+                Episode(
+                    messages=opening(system, prompt),
+                    tools=tuple(tools),
+                    tool_choice=self.config.tool_choice if tools else None,
+                    max_turns=self.config.max_turns,
+                ),
                 sampling=sampling_of(ctx),
             )
         return ProgramResult(exit_code=0, stdout="\n".join(episode.logs), stderr="")
