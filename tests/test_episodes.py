@@ -25,7 +25,7 @@ from art_rlvr.core import Episode, Messages, Reply, Score
 from art_rlvr.outcome import feedback_of
 from art_rlvr.rollouts import run_episode
 from art_rlvr.sampling import SamplingConfig, rollout_seed
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 from art_rlvr.testing.trace_server import RecordingTraceServer
 from art_rlvr.tools import as_tools, call_tool, tool
 
@@ -62,13 +62,6 @@ def release() -> Iterator[threading.Event]:
     event = threading.Event()
     yield event
     event.set()
-
-
-def scripted_model(server: ScriptedServer) -> art.Model:
-    return art.Model(
-        name="episodes", project="t", inference_base_url=server.base_url,
-        inference_api_key="k", inference_model_name="scripted",
-    )  # fmt: skip
 
 
 def kinds(trajectory: art.Trajectory) -> list[str]:
@@ -722,7 +715,7 @@ import asyncio, sys
 from art_rlvr.core import Episode
 from art_rlvr.rollouts import run_episode
 from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 from art_rlvr.testing.trace_server import RecordingTraceServer
 import art
 

@@ -324,4 +324,25 @@ class ScriptedServer:
         self.close()
 
 
-__all__ = ["Recorded", "ScriptedCall", "ScriptedServer", "Step", "completion_payload"]
+def scripted_model(server: ScriptedServer, name: str = "episodes") -> Any:
+    """An `art.Model` whose inference endpoint is the scripted server: what a rollout talks to
+    when the test writes the replies (ART imported here, not at module load)."""
+    import art
+
+    return art.Model(
+        name=name,
+        project="t",
+        inference_base_url=server.base_url,
+        inference_api_key="k",
+        inference_model_name="scripted",
+    )
+
+
+__all__ = [
+    "Recorded",
+    "ScriptedCall",
+    "ScriptedServer",
+    "Step",
+    "completion_payload",
+    "scripted_model",
+]
