@@ -16,7 +16,8 @@ import pytest
 
 from art_rlvr.config import parse_args
 from art_rlvr.loops.context import RunContext
-from art_rlvr.loops.schedule import plan, run_schedule
+from art_rlvr.loops.plan import plan
+from art_rlvr.loops.schedule import run_schedule
 from art_rlvr.runfiles import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -40,7 +41,7 @@ def fenced(prompt: str) -> Step:
     ],
 )
 def test_plan_orders_phases(rounds: int, gepa: bool, skip: bool, ei: bool, expected: str) -> None:
-    phases = plan(rounds, gepa=gepa, skip_first_gepa=skip, expert_iteration=ei)
+    phases = plan(rounds, gepa=gepa, skip_first_gepa=skip, expert_iteration=ei, rl_steps=8)
     assert " ".join(p.label for p in phases) == expected
 
 
@@ -94,7 +95,7 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
         model = await make_model("sched")
         files = RunFiles(tmp_path)
         ctx = RunContext(cfg, task, backend, model, files, time.monotonic())
-        summary = await run_schedule(ctx)
+        summary = await run_schedule(ctx, cfg.plan)
     assert summary["phases"] == ["rl_r0", "gepa_r1", "rl_r1"]
     assert [c["after"] for c in summary["curve"]] == ["start", "rl_r0", "gepa_r1", "rl_r1"]
     assert summary["steps"] == 2 and summary["prompt_changes"] == 1
@@ -112,7 +113,7 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
     assert {"old_pareto_mean", "new_pareto_mean"} <= set(change)
     assert (tmp_path / "gepa" / "round_1" / "prompt_history.jsonl").exists()
     # a finished schedule re-run is a no-op that returns the same numbers
-    again = await run_schedule(ctx)
+    again = await run_schedule(ctx, cfg.plan)
     assert again["curve"] == summary["curve"] and await model.get_step() == 2
 
 
