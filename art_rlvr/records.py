@@ -214,6 +214,7 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     mode: str
+    phases: list[str] | None = None  # the labels of the run's phases (a mode: its preset's)
     scenario: str
     seed: int
     base_model: str | None = None

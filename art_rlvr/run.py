@@ -228,6 +228,7 @@ def write_summary(
             **result,
             **mixture_summary(cfg, files.events()),
             "mode": cfg.mode,
+            "phases": [p.label for p in cfg.plan],  # a mode as its preset
             "scenario": task.name,
             "seed": cfg.seed,
             "base_model": cfg.policy.model or cfg.base_model,
@@ -270,6 +271,7 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     rows: list[tuple[str, Any]] = [
         ("run", directory),
         ("mode", f"{s.mode} on {s.scenario} (seed {s.seed})"),
+        ("phases", " -> ".join(s.phases) if s.phases and len(s.phases) > 1 else None),
         ("policy", s.policy),
         (
             "pass@k",
@@ -300,7 +302,8 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     ]
     lines = [f"{name:<11}{value}" for name, value in rows if value is not None]
     lines += [f"ALARM      step {a['step']}: {a['message']}" for a in s.alarms]
-    return lines + next_steps(directory, trained=s.mode != "eval" and not s.policy)
+    evaluated_only = all(p.startswith("eval_") for p in s.phases) if s.phases else s.mode == "eval"
+    return lines + next_steps(directory, trained=not evaluated_only and not s.policy)
 
 
 def _val_line(mode: str, before: float | None, after: float | None) -> str:

@@ -15,7 +15,8 @@ from art_rlvr.config_reference import PRESETS
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import parse_phases, spell
 from art_rlvr.loops.schedule import resumed_state
-from art_rlvr.run import override_line, start_line
+from art_rlvr.records import RunSummary
+from art_rlvr.run import override_line, start_line, summary_lines
 from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import load_task
 
@@ -129,3 +130,23 @@ def test_a_resume_with_another_list_of_phases_is_refused(tmp_path: Path) -> None
     del old["plan"]
     (tmp_path / "state.json").write_text(json.dumps(old))
     assert resumed_state(ctx, other).plan == "rl:2,ei"
+
+
+@pytest.mark.parametrize(
+    ("mode", "phases", "shown", "trained"),
+    [
+        ("phases", ["eval_r0"], None, False),
+        ("phases", ["rl_r0", "ei_r0", "eval_r1"], "rl_r0 -> ei_r0 -> eval_r1", True),
+        ("rl", ["rl_r0"], None, True),
+        ("eval", None, None, False),  # a summary written before phases were recorded
+    ],
+)
+def test_the_end_screen_names_the_phases_and_offers_export_only_after_training(
+    tmp_path: Path, mode: str, phases: list[str] | None, shown: str | None, trained: bool
+) -> None:
+    summary = RunSummary(mode=mode, phases=phases, scenario="arith", seed=0)
+    lines = summary_lines(summary, tmp_path)
+    assert [line.split(maxsplit=1)[1] for line in lines if line.startswith("phases ")] == (
+        [shown] if shown else []
+    )
+    assert any("art_rlvr.export " in line for line in lines) == trained

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,8 @@ def phases_args(server: ScriptedServer, run_dir: Path, phases: str, *extra: str)
         "teacher.backoff_s=0.01",
         "hint_reliance=false",
     ]
+    given = {word.partition("=")[0] for word in extra}
+    teacher = [w for w in teacher if w.partition("=")[0] not in given]
     words = schedule_args(server, run_dir, f"phases={phases}", *teacher, *extra)
     return [w for w in words if not w.startswith(("mode=", "rounds=", "rl_batches_per_round="))]
 
@@ -169,6 +172,31 @@ async def test_a_phases_run_hands_the_prompt_gepa_chose_to_rl_ei_and_eval(
     assert again["curve"] == summary["curve"] and await model.get_step() == step
 
 
+def run_cli(
+    words: Callable[[ScriptedServer, Path], list[str]],
+    run_dir: Path,
+    *,
+    kill_at: Callable[[Path], bool] | None,
+) -> None:
+    """The CLI with `words(server, run_dir)` against a fresh scripted server, to the end; with
+    `kill_at`, first SIGKILLed once `kill_at(run_dir)` holds, then re-run with the same words."""
+    env = {**os.environ, "SCHEDULE_KEY": KEY}
+    with ScriptedServer([], default=fenced(GOOD)) as server:
+        argv = [sys.executable, "-m", "art_rlvr.run", *words(server, run_dir)]
+        if kill_at is not None:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 400
+            while time.monotonic() < deadline and proc.poll() is None and not kill_at(run_dir):
+                time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
 def ei_inside_second_round(run_dir: Path) -> bool:
     """True once the run is in the second round of its `ei:2` phase (from its state file)."""
     state = run_dir / "state.json"
@@ -183,31 +211,16 @@ def ei_inside_second_round(run_dir: Path) -> bool:
 def test_sigkill_inside_a_multi_round_ei_phase_resumes_there(tmp_path: Path) -> None:
     """A `phases=rl:1,ei:2,rl:1` run killed in the second round of its EI phase resumes in
     that round (no round or step run twice) and ends as the uninterrupted run does."""
-    env = {**os.environ, "SCHEDULE_KEY": KEY}
     results = {}
     for name in ("killed", "reference"):
         run_dir = tmp_path / name
-        with ScriptedServer([], default=fenced(GOOD)) as server:
-            argv = [
-                sys.executable,
-                "-m",
-                "art_rlvr.run",
-                *phases_args(server, run_dir, "rl:1,ei:2,rl:1", "enable_teacher_hints=false"),
-            ]
-            if name == "killed":
-                proc = subprocess.Popen(
-                    argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                )
-                deadline = time.monotonic() + 400
-                while time.monotonic() < deadline and proc.poll() is None:
-                    if ei_inside_second_round(run_dir):
-                        break
-                    time.sleep(0.05)
-                assert proc.poll() is None, "the run ended before it could be killed"
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stderr[-3000:]
+        run_cli(
+            lambda server, run_dir: phases_args(
+                server, run_dir, "rl:1,ei:2,rl:1", "enable_teacher_hints=false"
+            ),
+            run_dir,
+            kill_at=ei_inside_second_round if name == "killed" else None,
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         config = json.loads((run_dir / "config.json").read_text())
         assert config["mode"] == "phases" and config["phases"] == "rl:1,ei:2,rl:1"
@@ -246,31 +259,14 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
         "group_size=2",
         "scenarios_per_round=4",
     ]
-    env = {**os.environ, "SCHEDULE_KEY": KEY}
     results = {}
     for name in ("killed", "reference"):
         run_dir = tmp_path / name
-        with ScriptedServer([], default=fenced(GOOD)) as server:
-            argv = [
-                sys.executable,
-                "-m",
-                "art_rlvr.run",
-                *schedule_args(server, run_dir, *extra),
-            ]
-            if name == "killed":
-                proc = subprocess.Popen(
-                    argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                )
-                deadline = time.monotonic() + 400
-                while time.monotonic() < deadline and proc.poll() is None:
-                    if kill_when(run_dir, point):
-                        break
-                    time.sleep(0.05)
-                assert proc.poll() is None, "the run ended before it could be killed"
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stderr[-3000:]
+        run_cli(
+            lambda server, run_dir: schedule_args(server, run_dir, *extra),
+            run_dir,
+            kill_at=(lambda d: kill_when(d, point)) if name == "killed" else None,
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         state = json.loads((run_dir / "state.json").read_text())
         steps = [e["step"] for e in events(run_dir) if e["event"] == "train"]
