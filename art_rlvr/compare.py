@@ -73,6 +73,8 @@ def ablation(config: dict[str, Any]) -> str:
         return "EI + teacher hints" if ei.get("enable_teacher_hints") else "EI (no hints)"
     if mode in ("gepa_rl", "gepa_rl_ei"):
         return "GEPA+RL+EI" if with_ei else "GEPA+RL"
+    if mode == "phases":
+        return f"phases={config.get('phases')}"
     return "RL+EI" if with_ei else "RL-only (fixed prompt)"
 
 

@@ -25,15 +25,18 @@ from art_rlvr.core import Loss
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import ROLES, LLMRole, refuse_renamed, renamed_to
+from art_rlvr.loops.plan import Phase, kinds_of, parse_phases, plan, spell
 from art_rlvr.mixture import MixtureEntry, parse_mixture
 from art_rlvr.policy import PolicyRole
+from art_rlvr.sampling import SHARED_KNOBS, GroupSize, MaxTokens, Temperature, TopP
 from art_rlvr.scenario import builtin_scenarios
 from art_rlvr.text import did_you_mean
 
 # where an error sends a reader for the keys (the list itself is too long for one line)
 KEYS_POINTER = "every key: python -m art_rlvr.run --help, or docs/cli.md"
 
-# One line per mode, for the log and the report's title.
+# One line per mode, for the log and the report's title. Each mode is a named list of phases
+# (`RunConfig.plan`, art_rlvr/loops/plan.py); `phases=` spells any list.
 MODE_TITLES = {
     "eval": "evaluation only",
     "rl": "RL-only (fixed prompt)",
@@ -41,6 +44,7 @@ MODE_TITLES = {
     "gepa_rl": "GEPA + RL block coordinate ascent",
     "gepa_rl_ei": "GEPA + RL + expert iteration",
     "ei": "expert iteration (best-of-N self-distillation, optional teacher hints)",
+    "phases": "a list of phases (phases=...)",
 }
 
 
@@ -54,8 +58,16 @@ class RunConfig(BaseModel):
         description="a built-in scenario name or a .toml path; several with optional weights "
         "(arith:2,gsm8k:1) train on a seeded mixture (mode=eval|rl) and are scored apart",
     )
-    mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"] = Field(
-        default="rl", description="eval, rl, gepa, ei, gepa_rl or gepa_rl_ei (see the mode table)"
+    mode: Literal["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei", "phases"] = Field(
+        default="rl",
+        description="eval, rl, gepa, ei, gepa_rl or gepa_rl_ei (see the mode table): each a "
+        "named list of phases; phases= sets the mode to phases",
+    )
+    phases: str | None = Field(
+        default=None,
+        description="the run as a list of phases in order, e.g. gepa,rl:8,ei,rl:8: rl:N is N "
+        "RL steps (rl: rl_batches_per_round), ei:N N expert-iteration rounds (ei: one), gepa "
+        "one GEPA search (max_metric_calls), eval a val evaluation; replaces mode=",
     )
     seed: int = Field(
         default=0, description="seeds the scenario order, sampling, LoRA init and every RNG"
@@ -90,17 +102,13 @@ class RunConfig(BaseModel):
     source_overrides: dict[str, Any] = Field(default_factory=dict)
 
     # sampling
-    max_tokens: int = Field(default=32, ge=1, le=4096, description="completion tokens per rollout")
-    temperature: float = Field(
-        default=1.0, ge=0.0, le=5.0, description="rollout sampling temperature in training"
+    max_tokens: MaxTokens = Field(default=32, description="completion tokens per rollout")
+    temperature: Temperature = Field(
+        default=1.0, description="rollout sampling temperature in training"
     )
-    top_p: float = Field(
-        default=1.0, gt=0.0, le=1.0, description="rollout nucleus sampling in training"
-    )
-    eval_temperature: float = Field(
+    top_p: TopP = Field(default=1.0, description="rollout nucleus sampling in training")
+    eval_temperature: Temperature = Field(
         default=0.0,
-        ge=0.0,
-        le=5.0,
         description="evaluation sampling temperature (greedy by default)",
     )
     val_limit: int | None = Field(
@@ -125,9 +133,8 @@ class RunConfig(BaseModel):
 
     # RL (tinker-cookbook math_rl style knobs)
     groups_per_batch: int = Field(default=6, ge=1, description="scenarios per RL step")
-    group_size: int = Field(
+    group_size: GroupSize = Field(
         default=6,
-        ge=1,
         description="rollouts per scenario (RL group; handed to GEPA and EI when given)",
     )
     n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
@@ -193,7 +200,8 @@ class RunConfig(BaseModel):
     skip_first_gepa: bool = Field(default=False, description="start the schedule with RL")
     enable_expert_iteration: bool = Field(
         default=False,
-        description="an EI round after each RL phase (gepa_rl -> gepa_rl_ei; rl -> RL + EI)",
+        description="an EI round after each RL phase: gepa_rl -> gepa_rl_ei; rl -> rounds x "
+        "(rl:rl_batches_per_round, ei), n_batches unused (refused if given)",
     )
 
     # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
@@ -207,9 +215,50 @@ class RunConfig(BaseModel):
         refuse_renamed(data, "RunConfig")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _phases_mode(cls, data: Any) -> Any:
+        """`phases=` is its own mode: a list given with another mode is refused, not merged."""
+        if not isinstance(data, dict):
+            return data
+        mode, phases = data.get("mode"), data.get("phases")
+        if phases is not None and mode not in (None, "phases"):
+            raise ValueError(
+                f"phases= replaces mode=: give one (mode={mode} is the list "
+                "shown in its config.json as phases=...)"
+            )
+        if phases is not None:
+            return {**data, "mode": "phases"}
+        if mode == "phases":
+            raise ValueError("mode=phases needs phases=..., e.g. phases=gepa,rl:8,ei,rl:8")
+        return data
+
+    @model_validator(mode="after")
+    def _plan(self) -> RunConfig:
+        """The list parses, and the expert-iteration flag means one thing per mode."""
+        if self.phases is not None:
+            try:
+                parse_phases(self.phases, rl_steps=self.rl_batches_per_round)
+            except ValueError as error:
+                raise ValueError(str(error)) from None
+        if not self.enable_expert_iteration:
+            return self
+        if self.mode in ("eval", "gepa", "phases"):
+            where = "an ei phase in phases=" if self.mode == "phases" else "mode=rl or gepa_rl"
+            raise ValueError(
+                f"enable_expert_iteration does not apply to mode={self.mode}; use {where}"
+            )
+        if self.mode == "rl" and "n_batches" in self.model_fields_set:
+            raise ValueError(
+                "mode=rl with enable_expert_iteration=true runs rounds x (rl_batches_per_round "
+                f"RL steps, one EI round): phases={spell(self.plan)}; n_batches is not used, "
+                "drop it (or write the list as phases=)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _rl_groups(self) -> RunConfig:
-        trains_rl = self.mode in ("rl", "gepa_rl", "gepa_rl_ei")
+        trains_rl = "rl" in kinds_of(self.plan)
         if trains_rl and self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 for mode={self.mode}: a group of one has no advantage"
@@ -266,12 +315,10 @@ class RunConfig(BaseModel):
             )
         if self.policy.model is not None and self.chat_template is not None:
             raise ValueError("chat_template applies to the run's own model, not to policy.model")
-        if len(self.mixture) > 1 and (
-            self.mode not in ("eval", "rl") or self.with_expert_iteration
-        ):
+        if len(self.mixture) > 1 and not kinds_of(self.plan) <= {"eval", "rl"}:
             raise ValueError(
-                f"scenario={self.scenario}: a mixture runs with mode=eval or mode=rl; GEPA and "
-                "expert iteration work on one scenario"
+                f"scenario={self.scenario}: a mixture runs with mode=eval or mode=rl (eval and "
+                "rl phases); GEPA and expert iteration work on one scenario"
             )
         if n > 1 and self.eval_temperature == 0.0:
             raise ValueError(
@@ -292,8 +339,42 @@ class RunConfig(BaseModel):
         return parse_mixture(self.scenario)
 
     @property
+    def plan(self) -> tuple[Phase, ...]:
+        """The run's phases: `phases=` as given, else the mode's preset."""
+        if self.phases is not None:
+            return parse_phases(self.phases, rl_steps=self.rl_batches_per_round)
+        if self.mode in ("eval", "gepa"):
+            return (Phase(kind=self.mode),)
+        if self.mode == "ei":
+            return (Phase(kind="ei", count=self.ei.rounds),)
+        if self.mode == "rl" and not self.enable_expert_iteration:
+            return (Phase(kind="rl", count=self.n_batches),)
+        return plan(
+            self.rounds,
+            gepa=self.mode != "rl",
+            skip_first_gepa=self.skip_first_gepa,
+            expert_iteration=self.mode == "gepa_rl_ei" or self.enable_expert_iteration,
+            rl_steps=self.rl_batches_per_round,
+        )
+
+    @property
     def with_expert_iteration(self) -> bool:
-        return self.mode in ("ei", "gepa_rl_ei") or self.enable_expert_iteration
+        return "ei" in kinds_of(self.plan)
+
+    @property
+    def with_gepa(self) -> bool:
+        return "gepa" in kinds_of(self.plan)
+
+    def phase_overrides(self) -> dict[str, dict[str, Any]]:
+        """The shared knobs (group_size, max_tokens, ...) that a GEPA or EI phase of this run
+        runs with a value other than the run's: logged at start and kept in config.json."""
+        subs = {"gepa": self.gepa, "ei": self.ei}
+        found = {
+            kind: {k: getattr(sub, k) for k in SHARED_KNOBS if getattr(sub, k) != getattr(self, k)}
+            for kind, sub in subs.items()
+            if kind in kinds_of(self.plan)
+        }
+        return {kind: knobs for kind, knobs in found.items() if knobs}
 
     @property
     def name(self) -> str:
@@ -305,23 +386,19 @@ class RunConfig(BaseModel):
         return self.run_dir or Path("runs") / self.name
 
     def public_dump(self) -> dict[str, Any]:
-        """The config as JSON-able data with anything secret-looking masked."""
-        unused = {
-            name
-            for name, modes in SUBCONFIG_MODES.items()
-            if self.mode not in modes and not (name == "ei" and self.with_expert_iteration)
-        }
-        return mask_secrets(json.loads(self.model_dump_json(exclude=unused)))
+        """The config as JSON-able data with anything secret-looking masked: the sub-configs
+        of the phases it runs, its phases spelt as `phases=` words (a mode as its preset) and
+        the knobs a phase overrides."""
+        unused = set(SUBCONFIGS) - kinds_of(self.plan)
+        dumped = json.loads(self.model_dump_json(exclude=unused))
+        dumped |= {"phases": spell(self.plan), "phase_overrides": self.phase_overrides()}
+        return mask_secrets(dumped)
 
 
 # Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
 # `gepa`); a key that several sub-configs know goes to each of them. Run keys that a sub-config
 # also has (seed, max_tokens, ...) are handed down, so one `seed=` seeds everything.
 SUBCONFIGS: dict[str, type[BaseModel]] = {"gepa": GEPAConfig, "ei": EIConfig}
-SUBCONFIG_MODES: dict[str, tuple[str, ...]] = {
-    "gepa": ("gepa", "gepa_rl", "gepa_rl_ei"),
-    "ei": ("ei", "gepa_rl_ei"),
-}
 _INTERNAL = {"source_overrides", "policy", *SUBCONFIGS}
 
 
@@ -419,4 +496,6 @@ def parse_args(argv: list[str]) -> RunConfig:
     return config.model_copy(update=built)
 
 
-_NULLABLE = {"run_name", "run_dir", "system_prompt", "val_limit", "eval_k", "chat_template"}
+_NULLABLE = {
+    "run_name", "run_dir", "system_prompt", "val_limit", "eval_k", "chat_template", "phases"
+}  # fmt: skip

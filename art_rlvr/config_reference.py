@@ -9,10 +9,11 @@ import textwrap
 
 from pydantic import BaseModel
 
-from art_rlvr.config import _INTERNAL, MODE_TITLES, RunConfig
+from art_rlvr.config import _INTERNAL, MODE_TITLES, RunConfig, parse_args
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import RENAMED, LLMRole
+from art_rlvr.loops.plan import spell
 from art_rlvr.policy import PolicyRole
 
 
@@ -54,17 +55,22 @@ def reference_markdown() -> str:
     header = ["| key | default | meaning |", "|---|---|---|"]
     sections = [
         ("The run", _rows(RunConfig)),
-        ("GEPA (`mode=gepa`, `gepa_rl`, `gepa_rl_ei`)", _rows(GEPAConfig, same_as_run=True)),
-        ("Expert iteration (`mode=ei`, `gepa_rl_ei`)", _rows(EIConfig, same_as_run=True)),
+        ("GEPA (a `gepa` phase: `mode=gepa`, `gepa_rl`, `gepa_rl_ei`)",
+         _rows(GEPAConfig, same_as_run=True)),
+        ("Expert iteration (an `ei` phase: `mode=ei`, `gepa_rl_ei`)",
+         _rows(EIConfig, same_as_run=True)),
         ("LLM roles: `reflection.<key>` (GEPA) and `teacher.<key>` (expert iteration)",
          _rows(LLMRole)),
         ("The evaluated model: `policy.<key>` (`mode=eval`; the key only from the environment)",
          _rows(PolicyRole)),
     ]  # fmt: skip
     parts = [f"### {title}\n\n" + "\n".join([*header, *rows]) for title, rows in sections]
+    parts.append(f"### Modes as lists of phases\n\n{preset_table()}")
     notes = (
         "Keys of the run that GEPA and expert iteration also have (`seed`, `group_size`, "
-        "`max_tokens`, `temperature`, `top_p`, `rounds`) are handed down when given. "
+        "`max_tokens`, `temperature`, `top_p`, `rounds`) are handed down when given; where a "
+        "phase keeps its own default (GEPA's `group_size`), the run's start line and "
+        "config.json's `phase_overrides` show it. "
         f"`teacher.max_tokens` defaults to {TEACHER_DEFAULTS['max_tokens']}. Keys renamed in "
         f"0.1 ({', '.join(sorted(RENAMED))}, `reflection_<key>`, `teacher_<key>`) are refused "
         "with their new name."
@@ -72,9 +78,21 @@ def reference_markdown() -> str:
     return "\n\n".join([*parts, notes]) + "\n"
 
 
+# each mode's words, as `preset_table` shows them (with the default keys)
+PRESETS = (["mode=eval"], ["mode=rl"], ["mode=rl", "enable_expert_iteration=true"],
+           ["mode=gepa"], ["mode=ei"], ["mode=gepa_rl"], ["mode=gepa_rl", "skip_first_gepa=true"],
+           ["mode=gepa_rl_ei"])  # fmt: skip
+
+
+def preset_table() -> str:
+    """Each mode as the `phases=` list it runs with the default keys (`RunConfig.plan`)."""
+    rows = [f"| `{' '.join(words)}` | `{spell(parse_args(words).plan)}` |" for words in PRESETS]
+    return "\n".join(["| mode | phases (default keys) |", "|---|---|", *rows])
+
+
 # `python -m art_rlvr.run --help`: the keys a newcomer sets first, then each mode's own
-MAIN_KEYS = ("scenario", "mode", "seed", "run_dir", "max_tokens", "val_limit", "eval_test",
-             "base_model", "backend", "weave_project")  # fmt: skip
+MAIN_KEYS = ("scenario", "mode", "phases", "seed", "run_dir", "max_tokens", "val_limit",
+             "eval_test", "base_model", "backend", "weave_project")  # fmt: skip
 RL_KEYS = ("n_batches", "groups_per_batch", "group_size", "learning_rate", "temperature",
            "loss_fn", "lora_rank", "eval_every", "patience")  # fmt: skip
 MODE_KEYS: dict[str, tuple[str, ...]] = {
@@ -88,6 +106,9 @@ MODE_KEYS: dict[str, tuple[str, ...]] = {
     "gepa_rl_ei": ("rounds", "rl_batches_per_round", "skip_first_gepa", *RL_KEYS[1:5],
                    "max_metric_calls", "reflection.model", "scenarios_per_round", "distill",
                    "enable_teacher_hints", "teacher.model"),
+    "phases": ("phases", "rl_batches_per_round", *RL_KEYS[1:5], "max_metric_calls",
+               "reflection.model", "scenarios_per_round", "distill", "enable_teacher_hints",
+               "teacher.model", "eval_samples"),
 }  # fmt: skip
 HELP_FOOTER = (
     "Every key, its default and meaning: docs/cli.md (or python -m art_rlvr.config_reference).\n"

@@ -164,7 +164,7 @@ def _run_model_name(config: dict[str, Any]) -> tuple[str | None, str | None]:
     """(model name, project) as the run named them (`RunConfig.name`)."""
     from art_rlvr.config import RunConfig
 
-    keys = ("scenario", "mode", "seed", "run_name", "project")
+    keys = ("scenario", "mode", "phases", "seed", "run_name", "project")
     try:
         cfg = RunConfig.model_validate({k: config[k] for k in keys if config.get(k) is not None})
     except ValueError:

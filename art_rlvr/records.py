@@ -214,6 +214,7 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     mode: str
+    phases: list[str] | None = None  # the labels of the run's phases (a mode: its preset's)
     scenario: str
     seed: int
     base_model: str | None = None
@@ -251,61 +252,3 @@ class RunSummary(BaseModel):
     val_by_scenario_before: dict[str, float] | None = None
     val_by_scenario_after: dict[str, float] | None = None
     test_by_scenario_after: dict[str, float] | None = None
-
-
-# ---- resumable state: state.json of mode=rl and of the schedule (gepa_rl, gepa_rl_ei) -------
-
-
-class _State(BaseModel):
-    """A state file's model: the loops write it and read it back (resume) through the same
-    model; a key it does not know is another mode's state, not something to ignore."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PendingBatch(_State):
-    """The batch being trained when the state was written (its trajectories are saved as
-    `trajectories/train_pending.jsonl`): the step it trains from and its statistics."""
-
-    from_step: int
-    stats: dict[str, float]
-
-
-class TrainState(_State):
-    """What RL training books after every step: mode=rl's whole state.json, the schedule's
-    RL part. `evals` is keyed by step in mode=rl and by phase label in the schedule."""
-
-    evals: dict[str, float] = Field(default_factory=dict)
-    pending: PendingBatch | None = None
-    tokens_trained: int = 0
-    rollouts: int = 0
-    step_seconds: list[float] = Field(default_factory=list)
-    train_rewards: dict[str, float] = Field(default_factory=dict)  # step -> batch reward mean
-    alarms: list[dict[str, Any]] = Field(default_factory=list)  # observe.alarms.Alarm dumps
-    early_stop: dict[str, Any] | None = None
-
-
-class CurvePoint(_State):
-    """The schedule's val accuracy after a phase (`after` is its label, or "start")."""
-
-    after: str
-    step: int
-    val: float
-
-
-class ScheduleState(TrainState):
-    """The schedule's state.json: the phase index, the current prompt and kept frontier, the
-    target step of a running phase, a saved EI buffer and what every phase counted."""
-
-    phase: int
-    prompt: str
-    curve: list[CurvePoint] = Field(default_factory=list)
-    frontier: list[str] = Field(default_factory=list)
-    prompt_changes: list[PromptChangeEvent] = Field(default_factory=list)
-    phase_target: int | None = None
-    ei_buffer: dict[str, Any] | None = None  # an ei.records.RoundBuffer (a layer above this)
-    ei_totals: dict[str, int] = Field(default_factory=dict)
-    teacher_counters: dict[str, Any] | None = None  # llm.LLMCounters.snapshot()
-    gepa_metric_calls: int = 0
-    reflection_calls: int = 0
-    reflection_errors: int = 0

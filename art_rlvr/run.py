@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import random
@@ -20,9 +21,8 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
@@ -42,6 +42,8 @@ from art_rlvr.environments.mcp_tools import (
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.gepa.start import start_problem as gepa_problem
 from art_rlvr.llm import key_problem
+from art_rlvr.loops.evaluate import sampled_eval, versions
+from art_rlvr.loops.plan import spell
 from art_rlvr.mixture import Mixture
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
@@ -51,9 +53,6 @@ from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.verifiers_env import load_any, runners_of
-
-if TYPE_CHECKING:
-    from art_rlvr.loops.context import RunContext
 
 log = logging.getLogger("art_rlvr")
 
@@ -109,16 +108,12 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
     return task, files
 
 
-def runs_gepa(cfg: RunConfig) -> bool:
-    return cfg.mode == "gepa" or (cfg.mode in ("gepa_rl", "gepa_rl_ei") and cfg.rounds > 0)
-
-
 def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
     """What each mode would refuse when it starts (asked now, before any model loads): GEPA's
     Pareto set, seed prompt and budget; expert iteration's records and search tool."""
     if not isinstance(task, Task):  # a mixture runs eval or rl only (RunConfig checks that)
         return None
-    if runs_gepa(cfg):
+    if cfg.with_gepa:
         seed_prompt = choose_seed_prompt(
             gepa=cfg.gepa.seed_prompt,
             run=cfg.system_prompt,
@@ -138,7 +133,7 @@ def machine_problem(cfg: RunConfig) -> str | None:
     loads_here = cfg.policy.model is None and cfg.backend in ("torch", "local")
     if loads_here and (problem := base_model_problem(cfg.base_model)):
         return problem  # serverless and tinker load their base model remotely
-    roles = [("reflection", cfg.gepa.reflection)] if runs_gepa(cfg) else []
+    roles = [("reflection", cfg.gepa.reflection)] if cfg.with_gepa else []
     if cfg.with_expert_iteration and cfg.ei.enable_teacher_hints:
         roles.append(("teacher", cfg.ei.teacher))
     for name, role in roles:
@@ -147,36 +142,14 @@ def machine_problem(cfg: RunConfig) -> str | None:
     return None
 
 
-async def run_mode(ctx: RunContext) -> dict[str, Any]:
-    """Run (or resume) the configured mode in the run folder; the dict goes into summary.json."""
-    from art_rlvr.loops.rl import run_rl
-
-    mode = ctx.config.mode
-    if mode == "eval":
-        return await sampled_eval(
-            ctx.config, ctx.task, ctx.files, ctx.model, ctx.started, ctx.cpu_started
-        )
-    if mode in ("gepa_rl", "gepa_rl_ei") or (mode == "rl" and ctx.config.enable_expert_iteration):
-        from art_rlvr.loops.schedule import run_schedule
-
-        return await run_schedule(ctx)
-    if mode == "gepa":
-        from art_rlvr.loops.gepa import run_gepa
-
-        return await run_gepa(ctx, ctx.config.gepa)
-    if mode == "ei":
-        from art_rlvr.loops.ei import run_ei
-
-        return await run_ei(ctx, ctx.config.ei)
-    return await run_rl(ctx)
-
-
 async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunSummary:
     from art_rlvr.loops.context import RunContext
+    from art_rlvr.loops.runner import run_phases
 
     seed_everything(cfg.seed)
-    files.write_json("config.json", {**cfg.public_dump(), "versions": _versions()})
-    log.info("config: %s", cfg.model_dump_json())
+    public = cfg.public_dump()  # a mode shown as its phases, each phase's own knobs
+    files.write_json("config.json", {**public, "versions": versions()})
+    log.info("config: %s", json.dumps(public))
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
     log.info("threads: %s", _threads())
     tracing = setup_weave(cfg.weave_project, offline=cfg.weave_offline)
@@ -191,7 +164,9 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
             from art_rlvr.policy import external_model
 
             policy = external_model(cfg.policy, project=cfg.project)
-            result = await sampled_eval(cfg, task, files, policy, started, cpu_started)
+            result = await sampled_eval(
+                cfg, task, files, policy, started, cpu_started, system_prompt=cfg.system_prompt
+            )
         else:
             backend = build_backend(
                 cfg.backend,
@@ -203,7 +178,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
             model = trainable_model(cfg.name, cfg.project, cfg.base_model, cfg.chat_template)
             await register(model, backend, cfg)
             ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
-            result = await run_mode(ctx)
+            result = await run_phases(ctx)
     except RolloutsFailed as error:
         # a result that is really an error is the worst output: say why, in the log and in
         # summary.json, and exit non-zero (main); never an accuracy of 0.0
@@ -219,89 +194,6 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     return write_summary(files, cfg, task, result, started, prior)
 
 
-async def sampled_eval(
-    cfg: RunConfig,
-    task: Task | Mixture,
-    files: RunFiles,
-    model: Any,
-    started: float,
-    cpu_started: float,
-) -> dict[str, Any]:
-    """mode=eval: `eval_samples` rollouts per val item (greedy by default), pass@k and pass^k,
-    of the run's own model or an external policy (`policy.model`), resumable from
-    evals/val_<step>/ (art_rlvr.eval_run); logged to metrics.jsonl and trajectories/val_<step>."""
-    from art_rlvr.eval_run import eval_folder, evaluate_resumable, plan_for
-    from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
-    from art_rlvr.rollouts import SamplingConfig
-
-    scenarios = task.held_out("val", cfg.val_limit)
-    external = cfg.policy.model is not None
-    step = 0 if external else await model.get_step()
-    sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature)
-    plan = plan_for(
-        split="val",
-        step=step,
-        policy=cfg.policy.model or model.get_inference_name(step),
-        scenario=task.name,
-        files=[t.path for t in task.tasks],
-        scenarios=scenarios,
-        samples=cfg.eval_samples,
-        sampling=sampling,
-        seed=cfg.seed,
-        system_prompt=cfg.system_prompt,
-    )
-    folder = eval_folder(files.root, "val", step)
-    if not cfg.resume and (folder / "metadata.json").exists():
-        raise ConfigError(
-            f"{folder} already holds an evaluation; pass resume=true or a new run_name"
-        )
-    result = await evaluate_resumable(
-        model,
-        scenarios,
-        folder=folder,
-        plan=plan,
-        sampling=sampling,
-        ks=cfg.pass_ks,
-        system_prompt=cfg.system_prompt,
-        max_in_flight=cfg.policy.max_in_flight,
-        spent=lambda: policy_spent(model),
-        about={"model": model_about(cfg, model, step), "versions": _versions()},
-    )
-    report, cost = result.report, result.metadata["cost_usd"]
-    event = eval_event(
-        report,
-        step,
-        scenarios=by_scenario(scenarios, report.groups, report.samples),
-        policy=cfg.policy.model,
-        cost_usd=cost,
-        pass_all=report.pass_all,
-        wall_seconds=time.monotonic() - started,
-        cpu_seconds=cpu_seconds() - cpu_started,
-    )
-    line = f"{report.line()}{scenario_line(event.by_scenario)}"
-    reused = f" ({result.reused} rollouts from an earlier session)" if result.reused else ""
-    if external:
-        log.info("%s %s, cost %s%s", cfg.policy.label, line, _usd(cost) or "unknown", reused)
-    else:
-        log.info("step %d %s%s", step, line, reused)
-    files.append_event(event)
-    files.write_rows(f"val_{step:04d}", result.trajectory_rows())
-    if not external:  # ART's history lives with the run's own (trainable) model
-        await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
-    return {
-        "val_accuracy_before": event.accuracy,
-        "val_accuracy_after": event.accuracy,
-        "steps": step,
-        "rollouts": report.items * report.samples,
-        "policy": cfg.policy.model,
-        "eval_samples": report.samples,
-        "pass_at_k": report.pass_at,
-        "pass_all_k": report.pass_all,
-        "completion_tokens": report.completion_tokens,
-        "cost_usd": cost,
-    }
-
-
 async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
     """`model.register`, which loads the base model on TorchBackend: one that cannot load
     there (a hub id that is not on the hub, a folder without weights) is a one-line error."""
@@ -312,22 +204,6 @@ async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
             raise
         first = next((line for line in str(error).splitlines() if line.strip()), repr(error))
         raise ConfigError(f"base_model={cfg.base_model}: {first}") from None
-
-
-def policy_spent(model: Any) -> Any:
-    """An external litellm policy's running spending, as the evaluation journals it."""
-    from art_rlvr.eval_run import Spent
-    from art_rlvr.policy import spent
-
-    usage = spent(model)
-    return None if usage is None else Spent.model_validate(usage, from_attributes=True)
-
-
-def model_about(cfg: RunConfig, model: Any, step: int) -> dict[str, Any]:
-    """Which model an evaluation scored, for its metadata (no key, only where it is served)."""
-    if cfg.policy.model is not None:
-        return {"policy": cfg.policy.model, "api_base": cfg.policy.api_base}
-    return {"name": model.name, "base_model": cfg.base_model, "step": step, "backend": cfg.backend}
 
 
 def _usd(cost: float | None) -> str | None:
@@ -352,6 +228,7 @@ def write_summary(
             **result,
             **mixture_summary(cfg, files.events()),
             "mode": cfg.mode,
+            "phases": [p.label for p in cfg.plan],  # a mode as its preset
             "scenario": task.name,
             "seed": cfg.seed,
             "base_model": cfg.policy.model or cfg.base_model,
@@ -379,25 +256,12 @@ def mixture_summary(cfg: RunConfig, events: list[Any]) -> dict[str, Any]:
     }
 
 
-def _package_version(name: str) -> str:
-    """A package's version; a checkout run from source (PYTHONPATH, no install) has none."""
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed (run from source)"
-
-
 def _threads() -> dict[str, int | str | None]:
     """What sets a run's speed on CPU, logged beside its config (see art_rlvr/__init__.py)."""
     import torch
 
     variables = ("OMP_NUM_THREADS", "GOMP_SPINCOUNT")
     return {"torch": torch.get_num_threads(), **{k: os.environ.get(k) for k in variables}}
-
-
-def _versions() -> dict[str, str]:
-    names = ("openpipe-art", "torch", "transformers", "peft", "art-rlvr")
-    return {name: _package_version(name) for name in names}
 
 
 def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
@@ -407,6 +271,7 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     rows: list[tuple[str, Any]] = [
         ("run", directory),
         ("mode", f"{s.mode} on {s.scenario} (seed {s.seed})"),
+        ("phases", " -> ".join(s.phases) if s.phases and len(s.phases) > 1 else None),
         ("policy", s.policy),
         (
             "pass@k",
@@ -437,7 +302,8 @@ def summary_lines(summary: RunSummary, directory: Path) -> list[str]:
     ]
     lines = [f"{name:<11}{value}" for name, value in rows if value is not None]
     lines += [f"ALARM      step {a['step']}: {a['message']}" for a in s.alarms]
-    return lines + next_steps(directory, trained=s.mode != "eval" and not s.policy)
+    evaluated_only = all(p.startswith("eval_") for p in s.phases) if s.phases else s.mode == "eval"
+    return lines + next_steps(directory, trained=not evaluated_only and not s.policy)
 
 
 def _val_line(mode: str, before: float | None, after: float | None) -> str:
@@ -533,9 +399,22 @@ def scenario_defaults(args: list[str], task: Task | Mixture) -> list[str]:
 def start_line(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> str:
     extra = " + expert iteration" if cfg.enable_expert_iteration and cfg.mode != "ei" else ""
     return (
-        f"mode: {MODE_TITLES[cfg.mode]}{extra} | scenario {task.name} | seed {cfg.seed} | "
-        f"max_tokens {cfg.max_tokens} | run_dir {files.root} (loading ART, torch and the model)"
+        f"mode: {MODE_TITLES[cfg.mode]}{extra} | phases={spell(cfg.plan)} | scenario "
+        f"{task.name} | seed {cfg.seed} | max_tokens {cfg.max_tokens} | run_dir {files.root} "
+        "(loading ART, torch and the model)"
     )
+
+
+def override_line(cfg: RunConfig) -> str | None:
+    """The shared knobs a phase runs with its own value (`gepa: group_size=2 (run: 6)`)."""
+    overrides = cfg.phase_overrides()
+    if not overrides:
+        return None
+    parts = [
+        f"{kind}: " + ", ".join(f"{k}={v} (run: {getattr(cfg, k)})" for k, v in knobs.items())
+        for kind, knobs in overrides.items()
+    ]
+    return "phase overrides: " + "; ".join(parts)
 
 
 async def interruptible[T](work: Coroutine[Any, Any, T], log_file: Path) -> T:
@@ -593,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(cfg, files)
         log_file = files.root / "run.log"
         log.info("%s", start_line(cfg, task, files))
+        if overrides := override_line(cfg):
+            log.info("%s", overrides)
         import_heavy_modules(cfg)
         summary = asyncio.run(interruptible(execute(cfg, task, files), log_file))
     except USER_ERRORS as error:

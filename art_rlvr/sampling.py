@@ -4,8 +4,17 @@ single-reply `rollout` and the episode loop underneath it."""
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# The sampling knobs a run and its phases share (`RunConfig`, `GEPAConfig`, `EIConfig`), each
+# bounded once here; a phase may give one another default, and the run shows where it does.
+MaxTokens = Annotated[int, Field(ge=1, le=4096)]
+Temperature = Annotated[float, Field(ge=0.0, le=5.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+GroupSize = Annotated[int, Field(ge=1)]
+SHARED_KNOBS = ("group_size", "max_tokens", "temperature", "top_p", "seed")
 
 
 class SamplingConfig(BaseModel):
@@ -29,4 +38,12 @@ def rollout_seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-__all__ = ["SamplingConfig", "rollout_seed"]
+__all__ = [
+    "SHARED_KNOBS",
+    "GroupSize",
+    "MaxTokens",
+    "SamplingConfig",
+    "Temperature",
+    "TopP",
+    "rollout_seed",
+]

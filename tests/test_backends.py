@@ -34,8 +34,7 @@ from art_rlvr.ei.hints import hinted_prompt
 from art_rlvr.ei.relabel import clean_messages
 from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
 from art_rlvr.loops.context import RunContext
-from art_rlvr.loops.rl import train_until
-from art_rlvr.records import TrainState
+from art_rlvr.loops.rl import TrainState, train_until
 from art_rlvr.rollouts import SamplingConfig
 from art_rlvr.runfiles import RunFiles
 

@@ -173,10 +173,10 @@ def test_a_run_connects_to_loopback_only(tmp_path: Path) -> None:
 def test_versions_of_a_checkout_run_from_source_are_recorded_not_fatal() -> None:
     """config.json records package versions; run from a checkout on PYTHONPATH (as on the GPU
     machine) art-rlvr has no installed metadata, which used to stop the run."""
-    from art_rlvr.run import _package_version
+    from art_rlvr.loops.evaluate import package_version
 
-    assert _package_version("no-such-distribution-art-rlvr") == "not installed (run from source)"
-    assert _package_version("pydantic")[0].isdigit()
+    assert package_version("no-such-distribution-art-rlvr") == "not installed (run from source)"
+    assert package_version("pydantic")[0].isdigit()
 
 
 RESUME = "interrupted; re-run the same command to resume"

@@ -348,14 +348,14 @@ async def test_the_embedded_model_gets_pass_at_k_too(task, model, tmp_path: Path
 
     from art_rlvr.config import parse_args
     from art_rlvr.loops.context import RunContext
-    from art_rlvr.run import run_mode
+    from art_rlvr.loops.runner import run_phases
     from art_rlvr.runfiles import RunFiles
 
     words = ["mode=eval", "eval_samples=3", "eval_temperature=1.0", "val_limit=2", "max_tokens=4"]
     cfg = parse_args([*words, f"run_dir={tmp_path}"])
     files = RunFiles(tmp_path)
     val = task.splits["val"][:2]
-    result = await run_mode(RunContext(cfg, task, None, model, files, time.monotonic()))
+    result = await run_phases(RunContext(cfg, task, None, model, files, time.monotonic()))
     assert set(result["pass_at_k"]) == {1, 3} and result["rollouts"] == 6
     assert result["policy"] is None and result["cost_usd"] is None
     rows = [json.loads(line) for line in (tmp_path / "trajectories" / "val_0000.jsonl").open()]

@@ -19,10 +19,12 @@ from art_rlvr.config import parse_args
 from art_rlvr.evaluation import evaluate
 from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
+from art_rlvr.loops.rl import TrainState
+from art_rlvr.loops.runner import run_phases
+from art_rlvr.loops.schedule import ScheduleState
 from art_rlvr.outcome import feedback_of
-from art_rlvr.records import RolloutsFailed, ScheduleState, TrainState
+from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
-from art_rlvr.run import run_mode
 from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
 from art_rlvr.scenario import Scenario
 from art_rlvr.testing import ScriptedServer, Step
@@ -55,7 +57,7 @@ async def test_bad_state_files_are_clear_errors_before_any_work(
     cfg = parse_args([f"mode={mode}", f"run_dir={tmp_path}", "max_tokens=4", "val_limit=2"])
     ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
     with pytest.raises(StateFileError, match=message.replace("(", r"\(")) as caught:
-        await run_mode(ctx)
+        await run_phases(ctx)
     assert str(tmp_path) in str(caught.value)
     assert path.read_text() == content  # left as found, for the user to inspect
     assert not (tmp_path / "trajectories").exists()  # nothing was evaluated or trained
@@ -190,7 +192,7 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
              "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
     files = RunFiles(tmp_path)
     ctx = RunContext(parse_args(words), task, backend, model, files, time.monotonic())
-    first = await run_mode(ctx)
+    first = await run_phases(ctx)
     state = json.loads((tmp_path / "state.json").read_text())
     train = next(r for r in files.metrics() if r["event"] == "train")
     trajectories = tmp_path / "trajectories"
@@ -204,7 +206,7 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     (tmp_path / "state.json").write_text(json.dumps(state))
 
     files = RunFiles(tmp_path)  # the restarted process reads the rewound folder afresh
-    again = await run_mode(RunContext(parse_args(words), task, backend, model, files, 0.0))
+    again = await run_phases(RunContext(parse_args(words), task, backend, model, files, 0.0))
     booked = [r for r in files.metrics() if r["event"] == "train"]
     assert [(r["step"], r["recovered_after_kill"]) for r in booked] == [(1, 1.0)]
     assert (trajectories / "train_0001.jsonl").exists()

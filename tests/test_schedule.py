@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,12 @@ import pytest
 
 from art_rlvr.config import parse_args
 from art_rlvr.loops.context import RunContext
-from art_rlvr.loops.schedule import plan, run_schedule
+from art_rlvr.loops.plan import plan
+from art_rlvr.loops.runner import run_phases
+from art_rlvr.loops.schedule import run_schedule
 from art_rlvr.runfiles import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.text import prompt_hash
 
 KEY = "sk-schedule-test"
 SEED = "Answer the question."  # greedy val 0.21 vs 0.38 for GOOD (n=100, README)
@@ -40,7 +44,7 @@ def fenced(prompt: str) -> Step:
     ],
 )
 def test_plan_orders_phases(rounds: int, gepa: bool, skip: bool, ei: bool, expected: str) -> None:
-    phases = plan(rounds, gepa=gepa, skip_first_gepa=skip, expert_iteration=ei)
+    phases = plan(rounds, gepa=gepa, skip_first_gepa=skip, expert_iteration=ei, rl_steps=8)
     assert " ".join(p.label for p in phases) == expected
 
 
@@ -94,7 +98,7 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
         model = await make_model("sched")
         files = RunFiles(tmp_path)
         ctx = RunContext(cfg, task, backend, model, files, time.monotonic())
-        summary = await run_schedule(ctx)
+        summary = await run_schedule(ctx, cfg.plan)
     assert summary["phases"] == ["rl_r0", "gepa_r1", "rl_r1"]
     assert [c["after"] for c in summary["curve"]] == ["start", "rl_r0", "gepa_r1", "rl_r1"]
     assert summary["steps"] == 2 and summary["prompt_changes"] == 1
@@ -112,8 +116,120 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
     assert {"old_pareto_mean", "new_pareto_mean"} <= set(change)
     assert (tmp_path / "gepa" / "round_1" / "prompt_history.jsonl").exists()
     # a finished schedule re-run is a no-op that returns the same numbers
-    again = await run_schedule(ctx)
+    again = await run_schedule(ctx, cfg.plan)
     assert again["curve"] == summary["curve"] and await model.get_step() == 2
+
+
+def phases_args(server: ScriptedServer, run_dir: Path, phases: str, *extra: str) -> list[str]:
+    """CLI words for a tiny `phases=` run: the schedule's, with a scripted teacher too."""
+    teacher = [
+        "scenarios_per_round=3",
+        "enable_teacher_hints=true",
+        "teacher.model=openai/scripted-teacher",
+        f"teacher.api_base={server.base_url}",
+        "teacher.api_key_env=SCHEDULE_KEY",
+        "teacher.backoff_s=0.01",
+        "hint_reliance=false",
+    ]
+    given = {word.partition("=")[0] for word in extra}
+    teacher = [w for w in teacher if w.partition("=")[0] not in given]
+    words = schedule_args(server, run_dir, f"phases={phases}", *teacher, *extra)
+    return [w for w in words if not w.startswith(("mode=", "rounds=", "rl_batches_per_round="))]
+
+
+async def test_a_phases_run_hands_the_prompt_gepa_chose_to_rl_ei_and_eval(
+    backend, make_model, task, tmp_path, monkeypatch
+) -> None:
+    """`phases=gepa,rl:1,ei,eval` on the embedded model, reflection LM and teacher scripted on
+    loopback: the phases run in order, RL and EI sample under the prompt GEPA adopted, the EI
+    round asks the teacher, and the eval phase is mode=eval's evaluation under that prompt."""
+    monkeypatch.setenv("SCHEDULE_KEY", KEY)
+    with ScriptedServer([], default=fenced(GOOD)) as server:
+        cfg = parse_args(phases_args(server, tmp_path, "gepa,rl:1,ei,eval"))
+        model = await make_model("phases")
+        ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
+        summary = await run_phases(ctx)
+        models = [r.body["model"] for r in server.chat_requests if r.body]
+    assert cfg.mode == "phases" and cfg.public_dump()["phases"] == "gepa,rl:1,ei,eval"
+    assert summary["phases"] == ["gepa_r0", "rl_r0", "ei_r0", "eval_r1"]
+    assert [c["after"] for c in summary["curve"]] == ["start", *summary["phases"]]
+    assert summary["final_prompt"] == GOOD and summary["prompt_changes"] == 1
+    assert (tmp_path / "gepa" / "round_0" / "prompt_history.jsonl").exists()
+    assert system_prompts(tmp_path / "trajectories" / "train_0001.jsonl") == {GOOD}
+    assert system_prompts(tmp_path / "trajectories" / "train_0000_ei.jsonl") == {GOOD}
+    (ei_round,) = [e for e in events(tmp_path) if e["event"] == "ei_round"]
+    assert ei_round["round"] == 0
+    assert models.count("scripted-teacher") == ei_round["hints_requested"] > 0
+    assert models.count("scripted") >= 1  # the reflection LM
+    step = await model.get_step()
+    evaluation = json.loads((tmp_path / "evals" / f"val_{step:04d}" / "metadata.json").read_text())
+    assert evaluation["plan"]["system_prompt_hash"] == prompt_hash(GOOD)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["plan"] == "gepa,rl:1,ei,eval" and state["phase"] == 4
+    assert summary["curve"][-1]["val"] == state["evals"]["eval_r1"]
+    # a finished list re-run is a no-op that returns the same numbers
+    again = await run_phases(ctx)
+    assert again["curve"] == summary["curve"] and await model.get_step() == step
+
+
+def run_cli(
+    words: Callable[[ScriptedServer, Path], list[str]],
+    run_dir: Path,
+    *,
+    kill_at: Callable[[Path], bool] | None,
+) -> None:
+    """The CLI with `words(server, run_dir)` against a fresh scripted server, to the end; with
+    `kill_at`, first SIGKILLed once `kill_at(run_dir)` holds, then re-run with the same words."""
+    env = {**os.environ, "SCHEDULE_KEY": KEY}
+    with ScriptedServer([], default=fenced(GOOD)) as server:
+        argv = [sys.executable, "-m", "art_rlvr.run", *words(server, run_dir)]
+        if kill_at is not None:
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 400
+            while time.monotonic() < deadline and proc.poll() is None and not kill_at(run_dir):
+                time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+def ei_inside_second_round(run_dir: Path) -> bool:
+    """True once the run is in the second round of its `ei:2` phase (from its state file)."""
+    state = run_dir / "state.json"
+    try:
+        data = json.loads(state.read_text()) if state.exists() else {}
+    except json.JSONDecodeError:
+        return False
+    return data.get("phase") == 1 and data.get("phase_done") == 1
+
+
+@pytest.mark.slow
+def test_sigkill_inside_a_multi_round_ei_phase_resumes_there(tmp_path: Path) -> None:
+    """A `phases=rl:1,ei:2,rl:1` run killed in the second round of its EI phase resumes in
+    that round (no round or step run twice) and ends as the uninterrupted run does."""
+    results = {}
+    for name in ("killed", "reference"):
+        run_dir = tmp_path / name
+        run_cli(
+            lambda server, run_dir: phases_args(
+                server, run_dir, "rl:1,ei:2,rl:1", "enable_teacher_hints=false"
+            ),
+            run_dir,
+            kill_at=ei_inside_second_round if name == "killed" else None,
+        )
+        summary = json.loads((run_dir / "summary.json").read_text())
+        config = json.loads((run_dir / "config.json").read_text())
+        assert config["mode"] == "phases" and config["phases"] == "rl:1,ei:2,rl:1"
+        steps = [e["step"] for e in events(run_dir) if e["event"] == "train"]
+        rounds = [e["round"] for e in events(run_dir) if e["event"] == "ei_round"]
+        assert steps == sorted(set(steps)), f"a training step was repeated: {steps}"
+        assert rounds == [0, 1], f"EI rounds booked: {rounds}"
+        results[name] = (summary["steps"], summary["phases"], summary["curve"])
+    assert results["killed"] == results["reference"]
 
 
 KILL_POINTS = ["gepa", "rl", "ei"]
@@ -143,31 +259,14 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
         "group_size=2",
         "scenarios_per_round=4",
     ]
-    env = {**os.environ, "SCHEDULE_KEY": KEY}
     results = {}
     for name in ("killed", "reference"):
         run_dir = tmp_path / name
-        with ScriptedServer([], default=fenced(GOOD)) as server:
-            argv = [
-                sys.executable,
-                "-m",
-                "art_rlvr.run",
-                *schedule_args(server, run_dir, *extra),
-            ]
-            if name == "killed":
-                proc = subprocess.Popen(
-                    argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                )
-                deadline = time.monotonic() + 400
-                while time.monotonic() < deadline and proc.poll() is None:
-                    if kill_when(run_dir, point):
-                        break
-                    time.sleep(0.05)
-                assert proc.poll() is None, "the run ended before it could be killed"
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stderr[-3000:]
+        run_cli(
+            lambda server, run_dir: schedule_args(server, run_dir, *extra),
+            run_dir,
+            kill_at=(lambda d: kill_when(d, point)) if name == "killed" else None,
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         state = json.loads((run_dir / "state.json").read_text())
         steps = [e["step"] for e in events(run_dir) if e["event"] == "train"]

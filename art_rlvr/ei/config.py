@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
+from art_rlvr.sampling import GroupSize, MaxTokens, Temperature, TopP
 from art_rlvr.scenario import tool_choice_problem
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class EIConfig(BaseModel):
     # schedule
     rounds: int = Field(default=8, ge=0, description="expert-iteration rounds (mode=ei)")
     scenarios_per_round: int = Field(default=16, ge=1, description="train scenarios per round")
-    group_size: int = Field(default=6, ge=1, description="clean attempts per scenario")
+    group_size: GroupSize = Field(default=6, description="clean attempts per scenario")
     keep_per_x: int = Field(
         default=1, ge=1, description="correct attempts kept per solved scenario"
     )
@@ -56,11 +57,9 @@ class EIConfig(BaseModel):
 
     # sampling (handed down from the run's keys on the command line)
     seed: int = Field(default=0, description="seeds the round's scenarios and sampling")
-    max_tokens: int = Field(default=32, ge=1, description="completion tokens per attempt")
-    temperature: float = Field(
-        default=1.0, ge=0.0, le=5.0, description="attempt sampling temperature"
-    )
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="attempt nucleus sampling")
+    max_tokens: MaxTokens = Field(default=32, description="completion tokens per attempt")
+    temperature: Temperature = Field(default=1.0, description="attempt sampling temperature")
+    top_p: TopP = Field(default=1.0, description="attempt nucleus sampling")
     search_tool_choice: str | None = Field(
         default=None,
         description=(

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
+from art_rlvr.sampling import GroupSize, MaxTokens, Temperature, TopP
 
 
 class GEPAConfig(BaseModel):
@@ -53,17 +54,15 @@ class GEPAConfig(BaseModel):
     traces_per_iteration: int = Field(
         default=4, ge=1, description="scenarios in the reflection minibatch"
     )
-    group_size: int = Field(
-        default=2, ge=1, description="rollouts per scenario and prompt (one trajectory group)"
+    group_size: GroupSize = Field(
+        default=2, description="rollouts per scenario and prompt (one trajectory group)"
     )
     pareto_size: int = Field(
         default=8, ge=1, description="Pareto-set scenarios (a seeded slice of train)"
     )
-    max_tokens: int = Field(default=32, ge=1, description="completion tokens per rollout")
-    temperature: float = Field(
-        default=1.0, ge=0.0, le=5.0, description="rollout sampling temperature"
-    )
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="rollout nucleus sampling")
+    max_tokens: MaxTokens = Field(default=32, description="completion tokens per rollout")
+    temperature: Temperature = Field(default=1.0, description="rollout sampling temperature")
+    top_p: TopP = Field(default=1.0, description="rollout nucleus sampling")
 
     # search
     pool_size: int = Field(default=8, ge=2, description="frontier / candidate pool cap")

@@ -15,15 +15,46 @@ from dataclasses import dataclass
 from typing import Any
 
 import art
+from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
-from art_rlvr.records import AlarmEvent, PendingBatch, TrainEvent, TrainState
+from art_rlvr.records import AlarmEvent, TrainEvent
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed, trainable
 from art_rlvr.text import prompt_hash
 
 log = logging.getLogger(__name__)
+
+
+class StateModel(BaseModel):
+    """A state file's model: a loop writes it and reads it back (resume) through the same
+    model; a key it does not know is another loop's state, not something to ignore."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PendingBatch(StateModel):
+    """The batch being trained when the state was written (its trajectories are saved as
+    `trajectories/train_pending.jsonl`): the step it trains from and its statistics."""
+
+    from_step: int
+    stats: dict[str, float]
+
+
+class TrainState(StateModel):
+    """What RL training books after every step: the rl phase's state.json when it runs alone
+    (`mode=rl`), the RL part of the schedule's. `evals` is keyed by step alone and by phase
+    label in the schedule."""
+
+    evals: dict[str, float] = Field(default_factory=dict)
+    pending: PendingBatch | None = None
+    tokens_trained: int = 0
+    rollouts: int = 0
+    step_seconds: list[float] = Field(default_factory=list)
+    train_rewards: dict[str, float] = Field(default_factory=dict)  # step -> batch reward mean
+    alarms: list[dict[str, Any]] = Field(default_factory=list)  # observe.alarms.Alarm dumps
+    early_stop: dict[str, Any] | None = None
 
 
 @dataclass
@@ -222,7 +253,7 @@ def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
     found = [
         reward_hacking(evals, rewards, min_rise=cfg.alarm_reward_rise, min_drop=cfg.alarm_val_drop)
     ]
-    if cfg.patience is not None and cfg.mode == "rl" and not cfg.with_expert_iteration:
+    if cfg.patience is not None and len(cfg.plan) == 1:  # an rl phase alone (mode=rl)
         found.append(plateaued(evals, cfg.patience, cfg.min_delta))
     for alarm in (a for a in found if a is not None):
         if alarm.kind == "early_stop":
@@ -246,20 +277,21 @@ def spend(state: TrainState) -> dict[str, Any]:
     }
 
 
-async def run_rl(ctx: RunContext) -> dict[str, Any]:
+async def run_rl(ctx: RunContext, *, steps: int) -> dict[str, Any]:
+    """An rl phase alone (`mode=rl`: `steps` is `n_batches`), evaluated every `eval_every`."""
     cfg = ctx.config
     state = ctx.files.read_state(STATE, TrainState, "an RL run's") or TrainState()
     step = await ctx.model.get_step()
-    if step > cfg.n_batches:
-        raise RuntimeError(f"{ctx.files.root} is at step {step}, past n_batches={cfg.n_batches}")
+    if step > steps:
+        raise RuntimeError(f"{ctx.files.root} is at step {step}, past the phase's {steps} steps")
     if step:
-        log.info("resuming at step %d of %d", step, cfg.n_batches)
+        log.info("resuming at step %d of %d", step, steps)
     state = await train_until(
         ctx,
         state,
-        until=cfg.n_batches,
+        until=steps,
         system_prompt=cfg.system_prompt,
-        eval_at=lambda s: eval_due(s, cfg.n_batches, cfg.eval_every),
+        eval_at=lambda s: eval_due(s, steps, cfg.eval_every),
     )
     evals = state.evals
     step = await ctx.model.get_step()
