@@ -10,7 +10,6 @@ a summary.json (unfinished) are listed and skipped, never silently dropped.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.records import RunSummary
+from art_rlvr.runfolder import RunFolderError, read_run_folder
 
 ORDER = (
     "baseline (eval)",
@@ -76,12 +75,17 @@ def ablation(config: dict[str, Any]) -> str:
     return "RL+EI" if with_ei else "RL-only (fixed prompt)"
 
 
-def load_run(path: Path) -> RunRecord | None:
-    summary_path, config_path = path / "summary.json", path / "config.json"
-    if not summary_path.is_file() or not config_path.is_file():
-        return None
-    summary = RunSummary.model_validate_json(summary_path.read_text())
-    config = json.loads(config_path.read_text())
+def load_run(path: Path) -> RunRecord | str:
+    """The run's row values, or why it is skipped (unfinished, or no readable summary)."""
+    try:
+        run = read_run_folder(path)
+    except RunFolderError as error:
+        return str(error)
+    summary = run.summary
+    if summary is None:
+        if (path / "summary.json").is_file():
+            return "summary.json is not a run summary"
+        return "no summary.json (unfinished run?)"
     values: dict[str, float | None] = {
         key: _number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
     }
@@ -89,7 +93,7 @@ def load_run(path: Path) -> RunRecord | None:
     values |= {pass_key(k): v for k, v in (summary.pass_at_k or {}).items()}
     return RunRecord(
         path=path,
-        ablation=ablation(config),
+        ablation=ablation(run.config),
         scenario=summary.scenario,
         seed=summary.seed,
         values=values,
@@ -158,12 +162,12 @@ def main(argv: list[str]) -> int:
             print(f"error: {path} is not a run folder", file=sys.stderr)
             return 2
         record = load_run(path)
-        if record is None:
-            skipped.append(path)
+        if isinstance(record, str):
+            skipped.append((path, record))
         else:
             records.append(record)
-    for path in skipped:
-        print(f"skipped {path}: no summary.json (unfinished run?)", file=sys.stderr)
+    for path, why in skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
     if not records:
         print("error: no finished runs to compare", file=sys.stderr)
         return 1

@@ -29,9 +29,9 @@ from art_rlvr.rollouts import (
     rollout_failure,
     trainable,
 )
-from art_rlvr.runfiles import trajectory_row
 from art_rlvr.scenario import load_task, rollout_task
 from art_rlvr.sources import ScenarioFileError
+from art_rlvr.stored import read_trajectories, stored_trajectory
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
 CASES = Path(__file__).parent / "scripts" / "rollout_cases.py"
@@ -280,11 +280,14 @@ async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, 
         assert all(0 < t.metrics["completion_tokens"] <= 6 for t in trajectories)
         if name == "captured":  # run files, GEPA and the report read the exchange
             assert all(len(t.exchanges.chat_completions) == 1 for t in trajectories)
-            row = trajectory_row(trajectories[0])
+            row = stored_trajectory(trajectories[0])
             reply = trajectories[0].exchanges.chat_completions[0].response.choices[0]
             x = task.splits["train"][0].x
-            assert row["messages"] == [{"role": "user", "content": f"{x['a']} + {x['b']} ="}]
-            assert row["completion"] == (reply.message.content or "")
+            assert [(m.role, m.content) for m in row.opening] == [
+                ("user", f"{x['a']} + {x['b']} =")
+            ]
+            assert row.completion == (reply.message.content or "")
+            assert row.to_art().exchanges == trajectories[0].exchanges
             assert [m["role"] for m in turns(trajectories[0])] == ["user", "assistant"]
         for g in groups:  # spread the rewards so that every group carries signal
             for i, t in enumerate(g.trajectories):
@@ -319,10 +322,10 @@ def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
     assert [e["step"] for e in events if e["event"] == "eval"] == [0, 1]
     assert json.loads((run / "summary.json").read_text())["steps"] == 1
     assert train["trajectories"] == 2.0 and train["tokens_per_completion"] > 0
-    rows = [json.loads(line) for line in (run / "trajectories" / "train_0001.jsonl").open()]
-    assert len(rows) == 2 and all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    rows = read_trajectories(run / "trajectories" / "train_0001.jsonl")
+    assert len(rows) == 2 and all(r.metrics["rollout_error"] == 0.0 for r in rows)
     # the agent's last request and reply, read from ART's exchanges: instructions, question
-    assert all(r["messages"][0]["content"].startswith("Call the multiply tool") for r in rows)
+    assert all(r.episode[0].content.startswith("Call the multiply tool") for r in rows)
 
 
 @pytest.mark.slow
@@ -512,8 +515,10 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     assert unsolved >= 2 and stats["hints_generated"] == unsolved == len(asked)
     assert all("What is" in a for a in asked)  # the problem as the function's attempt sent it
     assert stats["hinted_attempts"] == 6 * unsolved and stats["hinted_unrelabelled"] == 0
-    hinted = [json.loads(line) for line in (run / "trajectories" / "hinted_0000.jsonl").open()]
-    assert hinted and all(HINT in json.dumps(row) for row in hinted)  # the hint reached the agent
+    hinted = read_trajectories(run / "trajectories" / "hinted_0000.jsonl")
+    assert hinted and all(
+        HINT in row.model_dump_json() for row in hinted
+    )  # the hint reached the agent
     assert stats["recovered"] >= 1 and stats["examples_from_hints"] >= 1
     buffer = RoundBuffer.model_validate_json((run / "ei" / "round_0000.json").read_text())
     for example in buffer.examples:
