@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -27,7 +27,7 @@ from art_rlvr.core import correct_from
 if TYPE_CHECKING:
     import art
 
-FORMAT = "art_rlvr.trajectory_group/1"
+FORMAT: Final = "art_rlvr.trajectory_group/1"
 _CHOICE_KEYS = {"finish_reason", "index", "message"}  # ART's test for a choice dict
 
 type JsonDict = dict[str, JsonValue]
