@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.runfolder import RunFolderError, read_run_folder
+from art_rlvr.runfolder import RunFolderError, number, read_run_folder
 
 ORDER = (
     "baseline (eval)",
@@ -87,7 +87,7 @@ def load_run(path: Path) -> RunRecord | str:
             return "summary.json is not a run summary"
         return "no summary.json (unfinished run?)"
     values: dict[str, float | None] = {
-        key: _number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
+        key: number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
     }
     values["wall_minutes"] = summary.wall_seconds / 60 if summary.wall_seconds else None
     values |= {pass_key(k): v for k, v in (summary.pass_at_k or {}).items()}
@@ -117,10 +117,6 @@ def columns(records: Sequence[RunRecord]) -> list[tuple[str, str, str]]:
     passes = [(pass_key(k), pass_key(k), "{:.3f}") for k in ks]
     at = [key for _, key, _ in COLUMNS].index("test_accuracy_after") + 1
     return [*COLUMNS[:at], *passes, *COLUMNS[at:]]
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def cell(values: Sequence[float | None], fmt: str) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import art
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.evaluation import SampledReport, describe, mean_pass_all_k, mean_pass_at_k
 from art_rlvr.observe import tracing
@@ -108,6 +108,12 @@ class JournalRow(BaseModel):
     spent: Spent | None = None  # that session's spending when this rollout was booked
     trajectory: StoredTrajectory | None = None
     row: dict[str, Any] | None = None  # a journal of the layout before: a readable row
+
+    @model_validator(mode="after")
+    def _one_rollout(self) -> JournalRow:
+        if (self.trajectory is None) == (self.row is None):
+            raise ValueError("a journal row holds its rollout as `trajectory` (or an old `row`)")
+        return self
 
     @property
     def key(self) -> tuple[str, int]:

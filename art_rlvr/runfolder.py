@@ -359,15 +359,16 @@ def _proposal(phase: str, e: dict[str, Any], prompts: dict[int, str]) -> Proposa
         prompt=e.get("prompt"),
         parents=parents,
         parent_prompts=tuple(prompts.get(p, "") for p in parents),
-        score_before=_number(e.get("score_before")),
-        score_after=_number(e.get("score_after")),
-        pareto_mean=_number(e.get("pareto_mean")),
+        score_before=number(e.get("score_before")),
+        score_after=number(e.get("score_after")),
+        pareto_mean=number(e.get("pareto_mean")),
         candidate=e.get("candidate") if isinstance(e.get("candidate"), int) else None,
         metric_calls=int(e.get("metric_calls") or 0),
     )
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A JSON value as a float when it is a number (never a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 

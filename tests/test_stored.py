@@ -16,6 +16,7 @@ from art.trajectories import LegacyHistory
 from openai.types.chat.chat_completion import Choice
 from test_environments import scripted_model
 
+from art_rlvr.eval_run import JournalRow, rebuilt
 from art_rlvr.outcome import completion_text, turns
 from art_rlvr.rollouts import rollout, rollout_failure
 from art_rlvr.runfiles import RunFiles
@@ -216,3 +217,28 @@ def test_stored_group_keeps_a_field_a_later_art_adds() -> None:
     data["trajectories"][0]["later_field"] = {"x": 1}
     back = parse_group(data)
     assert json.loads(back.model_dump_json())["trajectories"][0]["later_field"] == {"x": 1}
+
+
+def test_an_eval_journal_of_the_layout_before_still_resumes() -> None:
+    """`evals/<split>_<step>/rollouts.jsonl` rows written before held a readable `row`: a
+    resumed evaluation still books them (as plain messages), with their item, sample and seed."""
+    raw = {
+        "item": "arith-val-0",
+        "sample": 1,
+        "seed": 7,
+        "task": "arith",
+        "session": 1,
+        "session_seconds": 2.0,
+        "row": OLD_ROWS[0],
+    }
+    row = JournalRow.model_validate(raw)
+    t = rebuilt(row)
+    assert row.correct and t.reward == 1.0 and t.metrics["correct"] == 1.0
+    assert turns(t)[-1] == {"role": "assistant", "content": "2"}
+    assert {k: t.metadata[k] for k in ("scenario_id", "sample", "seed")} == {
+        "scenario_id": "arith-val-0",
+        "sample": 1,
+        "seed": 7,
+    }
+    with pytest.raises(ValueError, match="holds its rollout"):
+        JournalRow.model_validate({k: v for k, v in raw.items() if k != "row"})
