@@ -273,7 +273,7 @@ def test_the_browser_finds_tool_episodes_in_chromium(scripted_run: Path, tmp_pat
     assert errors["count"] == f"{len(failed)} of {len(stored)} rollouts"
     assert all("1 tool error" in head for head in errors["heads"]), errors["heads"]
     assert good["count"] == f"1 of {len(stored)} rollouts"
-    (name, arguments), answer = calls_of(solved[0])[0], solved[0]["completion"]
-    result = next(m["content"] for m in solved[0]["messages"] if m["role"] == "tool")
+    (name, arguments), answer = calls_of(solved[0])[0], solved[0].completion
+    result = next(m.content for m in solved[0].episode if m.role == "tool")
     assert f"{name}({arguments})" in good["first"] and result in good["first"], good["first"]
     assert answer in good["first"] and "tool result: multiply" in good["first"]

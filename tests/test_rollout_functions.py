@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.ei.hints import hinted_system
+from art_rlvr.eval_run import JournalRow
 from art_rlvr.evaluation import evaluate
 from art_rlvr.outcome import turns
 from art_rlvr.records import RolloutsFailed
@@ -240,7 +241,10 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
     meta = json.loads((folder / "metadata.json").read_text())
     assert meta["rollouts"] == 6 and meta["errors"] == 0 and meta["reused_rollouts"] == 6
     rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
-    correct = {s.id: sum(r["row"]["correct"] for r in rows if r["item"] == s.id) for s in val}
+    correct = {
+        s.id: sum(JournalRow.model_validate(r).correct for r in rows if r["item"] == s.id)
+        for s in val
+    }
     assert sum(correct.values()) == 3
     for k in (1, 2):
         assert meta["pass_at_k"][str(k)] == pytest.approx(
@@ -349,17 +353,17 @@ def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
     assert meta["rollouts"] == 4 and meta["errors"] == 0
     assert set(meta["pass_at_k"]) == {"1", "2"}
     rows = [
-        json.loads(line)["row"] for line in (folder / "rollouts.jsonl").read_text().splitlines()
+        JournalRow.model_validate_json(line).stored
+        for line in (folder / "rollouts.jsonl").read_text().splitlines()
     ]
-    assert all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
-    assert all(r["metrics"]["completion_tokens"] > 0 for r in rows)  # LangChain's usage
+    assert all(r.metrics["rollout_error"] == 0.0 for r in rows)
+    assert all(r.metrics["completion_tokens"] > 0 for r in rows)  # LangChain's usage
     # the forced call, the tool's product, then the reply are kept (a call cut by max_tokens
     # at temperature 1 is no call, so not every episode has one)
-    episodes = [r["messages"] + r.get("tail", []) for r in rows]
     assert any(
-        any("multiply" in json.dumps(m.get("tool_calls")) for m in turns_)
-        and any(m["role"] == "tool" for m in turns_)
-        for turns_ in episodes
+        any(c.name == "multiply" for m in r.episode for c in m.tool_calls)
+        and any(m.role == "tool" for m in r.episode)
+        for r in rows
     )
 
 
