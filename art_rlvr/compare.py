@@ -10,7 +10,6 @@ a summary.json (unfinished) are listed and skipped, never silently dropped.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.records import RunSummary
+from art_rlvr.runfolder import RunFolderError, number, read_run_folder
 
 ORDER = (
     "baseline (eval)",
@@ -78,20 +77,25 @@ def ablation(config: dict[str, Any]) -> str:
     return "RL+EI" if with_ei else "RL-only (fixed prompt)"
 
 
-def load_run(path: Path) -> RunRecord | None:
-    summary_path, config_path = path / "summary.json", path / "config.json"
-    if not summary_path.is_file() or not config_path.is_file():
-        return None
-    summary = RunSummary.model_validate_json(summary_path.read_text())
-    config = json.loads(config_path.read_text())
+def load_run(path: Path) -> RunRecord | str:
+    """The run's row values, or why it is skipped (unfinished, or no readable summary)."""
+    try:
+        run = read_run_folder(path)
+    except RunFolderError as error:
+        return str(error)
+    summary = run.summary
+    if summary is None:
+        if (path / "summary.json").is_file():
+            return "summary.json is not a run summary"
+        return "no summary.json (unfinished run?)"
     values: dict[str, float | None] = {
-        key: _number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
+        key: number(getattr(summary, key, None)) for _, key, _ in COLUMNS if key != "wall_minutes"
     }
     values["wall_minutes"] = summary.wall_seconds / 60 if summary.wall_seconds else None
     values |= {pass_key(k): v for k, v in (summary.pass_at_k or {}).items()}
     return RunRecord(
         path=path,
-        ablation=ablation(config),
+        ablation=ablation(run.config),
         scenario=summary.scenario,
         seed=summary.seed,
         values=values,
@@ -115,10 +119,6 @@ def columns(records: Sequence[RunRecord]) -> list[tuple[str, str, str]]:
     passes = [(pass_key(k), pass_key(k), "{:.3f}") for k in ks]
     at = [key for _, key, _ in COLUMNS].index("test_accuracy_after") + 1
     return [*COLUMNS[:at], *passes, *COLUMNS[at:]]
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def cell(values: Sequence[float | None], fmt: str) -> str:
@@ -160,12 +160,12 @@ def main(argv: list[str]) -> int:
             print(f"error: {path} is not a run folder", file=sys.stderr)
             return 2
         record = load_run(path)
-        if record is None:
-            skipped.append(path)
+        if isinstance(record, str):
+            skipped.append((path, record))
         else:
             records.append(record)
-    for path in skipped:
-        print(f"skipped {path}: no summary.json (unfinished run?)", file=sys.stderr)
+    for path, why in skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
     if not records:
         print("error: no finished runs to compare", file=sys.stderr)
         return 1

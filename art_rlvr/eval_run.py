@@ -7,8 +7,10 @@ An evaluation lives in `evals/<split>_<step>/` of the run folder:
   the scenario files' and the records' hashes, n, sampling, seed, system prompt) and, once
   finished, the results: pass@k, pass^k, mean reward and metrics, tokens, wall time over every
   session, cost where the provider reports one, package versions.
-- `rollouts.jsonl`: one line per finished rollout (item id, sample index, seed, the readable
-  `trajectory_row`, the session and what it had spent so far), appended and fsynced.
+- `rollouts.jsonl`: one line per finished rollout (item id, sample index, seed, the whole
+  trajectory as `art_rlvr.stored` keeps it, the session and what it had spent so far), appended
+  and fsynced. A reused rollout is the very trajectory, token data included; a journal of the
+  layout before (a readable `row` per rollout) still resumes.
 
 Run the same command again after a kill and only the missing (item, sample) pairs are rolled
 out; a journal left by other settings is refused, never mixed in. A rollout that raised is not
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import art
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_rlvr.evaluation import SampledReport, describe, mean_pass_all_k, mean_pass_at_k
 from art_rlvr.observe import tracing
@@ -50,10 +52,10 @@ from art_rlvr.runfiles import (
     append_jsonl,
     drop_torn_tail,
     read_jsonl,
-    trajectory_row,
     write_json_atomic,
 )
 from art_rlvr.scenario import Scenario
+from art_rlvr.stored import StoredTrajectory, legacy_trajectory, stored_trajectory
 from art_rlvr.text import prompt_hash
 
 CORRECT_RULE = "outcome.is_correct: the reward's `correct` metric, else reward >= 1"
@@ -104,15 +106,28 @@ class JournalRow(BaseModel):
     session: int
     session_seconds: float  # since that session started
     spent: Spent | None = None  # that session's spending when this rollout was booked
-    row: dict[str, Any]  # runfiles.trajectory_row
+    trajectory: StoredTrajectory | None = None
+    row: dict[str, Any] | None = None  # a journal of the layout before: a readable row
+
+    @model_validator(mode="after")
+    def _one_rollout(self) -> JournalRow:
+        if (self.trajectory is None) == (self.row is None):
+            raise ValueError("a journal row holds its rollout as `trajectory` (or an old `row`)")
+        return self
 
     @property
     def key(self) -> tuple[str, int]:
         return self.item, self.sample
 
     @property
+    def stored(self) -> StoredTrajectory:
+        if self.trajectory is not None:
+            return self.trajectory
+        return legacy_trajectory({**(self.row or {}), "scenario_id": self.item})
+
+    @property
     def correct(self) -> bool:
-        return bool(self.row.get("correct"))
+        return self.stored.correct
 
 
 def items_digest(scenarios: Sequence[Scenario]) -> str:
@@ -159,26 +174,17 @@ def open_plan(folder: Path, plan: EvalPlan) -> dict[str, Any]:
 
 
 def rebuilt(row: JournalRow) -> art.Trajectory:
-    """A journaled rollout as an `art.Trajectory` of plain messages (for ART's history and the
-    statistics; a reused rollout's token data is not kept)."""
-    r = row.row
-    tail = r.get("tail") or (
-        [{"role": "assistant", "content": r["completion"]}]
-        if r.get("completion") is not None
-        else []
-    )
-    return art.Trajectory(
-        messages_and_choices=[*r.get("messages", []), *tail],
-        reward=float(r.get("reward") or 0.0),
-        metrics=dict(r.get("metrics") or {}),
-        metadata={
-            "scenario_id": row.item,
-            "task": row.task,
-            "prompt_hash": r.get("prompt_hash"),
-            "feedback": r.get("feedback") or "",
-        },
-        logs=list(r.get("logs") or []),
-    )
+    """A journaled rollout as the `art.Trajectory` it was (a journal of the layout before: its
+    messages, without token data), with its item, sample and seed in the metadata."""
+    trajectory = row.stored.to_art()
+    trajectory.metadata = {
+        **trajectory.metadata,
+        "scenario_id": row.item,
+        "task": row.task,
+        "sample": row.sample,
+        "seed": row.seed,
+    }
+    return trajectory
 
 
 def session_totals(rows: Sequence[JournalRow]) -> tuple[float, Spent | None, int]:
@@ -215,10 +221,6 @@ class EvalResult(BaseModel):
     metadata: dict[str, Any]
     rows: list[JournalRow]  # every booked rollout, by item then sample
     reused: int = Field(ge=0)  # rollouts taken from the journal of earlier sessions
-
-    def trajectory_rows(self) -> list[dict[str, Any]]:
-        """`trajectory_row`s with each sample's index and seed (trajectories/<split>_<step>)."""
-        return [{**r.row, "sample": r.sample, "seed": r.seed} for r in self.rows]
 
 
 def _inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,6 +274,7 @@ async def evaluate_resumable(
             system_prompt=system_prompt,
             sampling=sampling.model_copy(update={"seed": seed}),
             limiter=limiter,
+            metadata={"sample": i, "seed": seed},
         )
         if reason := rollout_failure(trajectory):  # not journaled: a resume runs it again
             raise RolloutFunctionError(reason)
@@ -283,7 +286,7 @@ async def evaluate_resumable(
             session=session,
             session_seconds=time.monotonic() - started,
             spent=spent(),
-            row=trajectory_row(trajectory),
+            trajectory=stored_trajectory(trajectory),
         )
         append_jsonl(journal, row.model_dump(mode="json"))  # no await: a cancel cannot tear it
         fresh.append((row, trajectory))
@@ -376,7 +379,7 @@ def metric_means(rows: Any) -> dict[str, float]:
     """The mean of every numeric metric over the rollouts that report it."""
     values: dict[str, list[float]] = {}
     for row in rows:
-        for key, value in (row.row.get("metrics") or {}).items():
+        for key, value in row.stored.metrics.items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 values.setdefault(key, []).append(float(value))
     return {k: statistics.fmean(v) for k, v in sorted(values.items())}

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import checkpoints as ckpt
-from art_rlvr.runfiles import RunFiles, StateFileError
+from art_rlvr.runfolder import RunFolder, RunFolderError, read_run_folder
 
 MANIFEST = "art_rlvr_export.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -105,44 +105,17 @@ def pick_step(
     return best.step, f"the best of {len(scored)} val evaluation(s)"
 
 
-def _eval_prompt(run: Path, record: dict[str, Any]) -> str | None:
-    """The system prompt of an evaluation, from its trajectories file (`None`: none used)."""
-    index = record["step"] if record.get("round") is None else record["round"]
-    path = run / "trajectories" / f"val_{index:04d}{record.get('tag') or ''}.jsonl"
-    if not path.is_file():
-        return None
-    with path.open() as handle:
-        first = handle.readline()
-    try:
-        messages = json.loads(first).get("messages") or []
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return next((m.get("content") for m in messages if m.get("role") == "system"), None)
-
-
-def val_evals(
-    run: Path, mode: str, metrics: Sequence[dict[str, Any]], state: dict[str, Any] | None
-) -> list[ValEval]:
+def val_evals(run: RunFolder) -> list[ValEval]:
     """Every val evaluation of the run by model step. Expert-iteration runs written before
     evaluations carried their round numbered them by round; their state maps each round to the
     model step it scored."""
-    records = [
-        r
-        for r in metrics
-        if r.get("event") == "eval"
-        and r.get("split") == "val"
-        and isinstance(r.get("step"), int)
-        and isinstance(r.get("accuracy"), int | float)
-    ]
-    round_steps = (state or {}).get("eval_steps") or {} if mode == "ei" else None
+    round_steps = run.eval_steps if run.mode == "ei" else None
     out = []
-    for r in records:
-        old_ei = round_steps is not None and r.get("round") is None
-        step = round_steps.get(str(r["step"])) if old_ei and round_steps else r["step"]
+    for e in run.val_evals:
+        old_ei = round_steps is not None and e.round is None
+        step = round_steps.get(str(e.step)) if old_ei and round_steps else e.step
         if isinstance(step, int):
-            out.append(
-                ValEval(step=step, accuracy=r["accuracy"], system_prompt=_eval_prompt(run, r))
-            )
+            out.append(ValEval(step=step, accuracy=e.accuracy, system_prompt=run.eval_prompt(e)))
     return out
 
 
@@ -172,31 +145,33 @@ def _run_model_name(config: dict[str, Any]) -> tuple[str | None, str | None]:
     return cfg.name, cfg.project
 
 
-def _read_run(run: Path) -> tuple[dict[str, Any], RunFiles]:
+def _read_run(run: Path) -> RunFolder:
     if not run.is_dir() or not (run / "config.json").is_file():
         why = "no such folder" if not run.exists() else "no config.json in it"
         raise ExportError(
             f"{run} is not a run folder ({why}); pass the folder a run wrote, e.g. runs/arith-rl-s0"
         )
-    files = RunFiles(run)
     try:
-        config = files.read_json("config.json")
-    except StateFileError as error:
+        folder = read_run_folder(run)
+    except RunFolderError as error:  # a config.json or summary.json that is no JSON
         raise ExportError(str(error)) from None
-    if not isinstance(config, dict):
+    if not folder.config:
         raise ExportError(f"{run / 'config.json'} is not a run configuration")
-    return config, files
+    return folder
 
 
-def _unscored_prompt(summary: dict[str, Any], config: dict[str, Any]) -> str | None:
+def _unscored_prompt(run: RunFolder) -> str | None:
     """The prompt for a step no val evaluation scored: a GEPA run's best (its weights never
     change, the prompt is what it made), else the configured one."""
-    return summary.get("best_prompt") or summary.get("final_prompt") or config.get("system_prompt")
+    summary = run.summary
+    best = (summary.best_prompt or summary.final_prompt) if summary is not None else None
+    return best or run.config.get("system_prompt")
 
 
 def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
     """The checkpoint of `run` at `step`, or at its best val accuracy; `ExportError` if none."""
-    config, files = _read_run(run)
+    folder = _read_run(run)
+    config = folder.config
     backend = str(config.get("backend") or "torch")
     model_dir = _model_dir(run, config)
     steps = ckpt.list_steps(model_dir) if model_dir else []
@@ -207,17 +182,11 @@ def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
         raise ExportError(
             f"{run} has no checkpoint for step {step}; steps on disk: {', '.join(map(str, steps))}"
         )
-    try:
-        state, summary = files.read_json("state.json"), files.read_json("summary.json")
-    except StateFileError:
-        state = summary = None  # a damaged record only costs the choice of the best step
-    summary = summary if isinstance(summary, dict) else None
-    mode = str(config.get("mode") or "")
-    evals = val_evals(run, mode, files.metrics(), state if isinstance(state, dict) else None)
+    evals = val_evals(folder)
     chosen, reason = pick_step(evals, steps, step)
     scored = [e for e in evals if e.step == chosen]
     best = max(scored, key=lambda e: e.accuracy) if scored else None
-    prompt = best.system_prompt if best else _unscored_prompt(summary or {}, config)
+    prompt = best.system_prompt if best else _unscored_prompt(folder)
     checkpoint = Checkpoint(
         run=run,
         model_dir=model_dir,

@@ -20,7 +20,6 @@ from: `source` (the file, e.g. `val_0000`), `step`, `example_id`, `sample` and `
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -28,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from art_rlvr.export import ExportError, check_out_dir, staged
-from art_rlvr.runfiles import read_jsonl
+from art_rlvr.runfolder import RunFolderError, read_run_folder
+from art_rlvr.stored import Message, StoredTrajectory, TrajectoryFileError
 
 KINDS = ("train", "val", "test")
 FILE = re.compile(r"^(?P<kind>[a-z]+)_(?P<step>\d+)")
@@ -73,64 +73,42 @@ def schema(metric_names: Sequence[str]) -> Any:
     )
 
 
-def text(value: Any) -> str | None:
-    return value if value is None or isinstance(value, str) else json.dumps(value)
-
-
-def message(raw: dict[str, Any]) -> dict[str, Any]:
+def message(m: Message) -> dict[str, Any]:
     """A stored message in the export's one message shape (content as text)."""
     calls = [
-        {
-            "id": c.get("id"),
-            "type": c.get("type", "function"),
-            "function": {
-                "name": (c.get("function") or {}).get("name"),
-                "arguments": text((c.get("function") or {}).get("arguments")),
-            },
-        }
-        for c in raw.get("tool_calls") or []
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in m.tool_calls
     ]
     return {
-        "role": raw.get("role"),
-        "content": text(raw.get("content")),
+        "role": m.role,
+        "content": m.content,
         "tool_calls": calls or None,
-        "tool_call_id": raw.get("tool_call_id"),
-        "name": raw.get("name"),
+        "tool_call_id": m.tool_call_id,
+        "name": m.name,
     }
 
 
-def episode(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every message of a stored rollout, in order (`runfiles.trajectory_row`'s layout)."""
-    last = (
-        []
-        if row.get("completion") is None
-        else [{"role": "assistant", "content": row["completion"]}]
-    )
-    return [*(row.get("messages") or []), *(row.get("tail") or last)]
-
-
-def dataset_row(row: dict[str, Any], source: str, step: int | None) -> dict[str, Any]:
-    messages = [message(m) for m in episode(row)]
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-    metrics = row.get("metrics") or {}
+def dataset_row(t: StoredTrajectory, source: str, step: int | None) -> dict[str, Any]:
+    first = len(t.opening)
+    messages = [message(m) for m in t.episode]
     return {
         "source": source,
         "step": step,
-        "example_id": row.get("scenario_id"),
-        "sample": row.get("sample"),
-        "seed": row.get("seed"),
+        "example_id": t.meta_str("scenario_id"),
+        "sample": t.meta_int("sample"),
+        "seed": t.meta_int("seed"),
         "prompt": messages[:first],
         "completion": messages[first:],
-        "reward": row.get("reward"),
-        "correct": row.get("correct"),
-        "feedback": row.get("feedback"),
+        "reward": t.reward,
+        "correct": t.correct,
+        "feedback": t.feedback,
         "metrics": {
             k: float(v)
-            for k, v in metrics.items()
+            for k, v in t.metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         },
-        "logs": list(row.get("logs") or []),
-        "prompt_hash": row.get("prompt_hash"),
+        "logs": list(t.logs),
+        "prompt_hash": t.meta_str("prompt_hash"),
     }
 
 
@@ -142,23 +120,28 @@ def split_of(stem: str) -> tuple[str, int | None]:
     return "other", None
 
 
-def collect(run: Path, only: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def collect(run_dir: Path, only: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """The run's stored rollouts by split."""
-    folder = run / "trajectories"
+    folder = run_dir / "trajectories"
     if not folder.is_dir():
-        raise ExportError(f"{run} has no trajectories/ folder: is it a run folder?")
-    files = sorted(folder.glob("*.jsonl"))
-    if only:
-        missing = sorted(set(only) - {f.stem for f in files})
-        if missing:
-            raise ExportError(f"{folder} has no {missing}; it has {[f.stem for f in files]}")
-        files = [f for f in files if f.stem in only]
-    splits: dict[str, list[dict[str, Any]]] = {}
-    for path in files:
-        split, step = split_of(path.stem)
-        splits.setdefault(split, []).extend(
-            dataset_row(row, path.stem, step) for row in read_jsonl(path)
-        )
+        raise ExportError(f"{run_dir} has no trajectories/ folder: is it a run folder?")
+    try:
+        run = read_run_folder(run_dir)
+        files = list(run.trajectory_files)
+        if only:
+            missing = sorted(set(only) - {f.label for f in files})
+            if missing:
+                raise ExportError(
+                    f"{folder} has no {missing}; it has {sorted(f.label for f in files)}"
+                )
+            files = [f for f in files if f.label in only]
+        splits: dict[str, list[dict[str, Any]]] = {}
+        for f in files:
+            split, step = split_of(f.label)
+            rows = [dataset_row(t, f.label, step) for t in run.trajectories(f, strict=True)]
+            splits.setdefault(split, []).extend(rows)
+    except (RunFolderError, TrajectoryFileError) as error:
+        raise ExportError(str(error)) from None
     if not any(splits.values()):
         raise ExportError(f"{folder} holds no rollouts")
     return {k: v for k, v in splits.items() if v}

@@ -21,14 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from art_rlvr.outcome import (
-    as_message,
-    completion_text,
-    episode_items,
-    feedback_of,
-    is_correct,
-    is_sampled,
-)
 from art_rlvr.records import (
     AlarmEvent,
     EIRoundEvent,
@@ -41,6 +33,7 @@ from art_rlvr.records import (
     parse_event,
     parse_events,
 )
+from art_rlvr.stored import group_lines
 
 if TYPE_CHECKING:
     import art
@@ -247,36 +240,12 @@ class RunFiles:
         return read_jsonl(self.root / "metrics.jsonl")
 
     def write_trajectories(self, name: str, groups: list[art.TrajectoryGroup]) -> Path:
-        return self.write_rows(name, [trajectory_row(t) for g in groups for t in g.trajectories])
-
-    def write_rows(self, name: str, rows: list[dict[str, Any]]) -> Path:
-        """trajectories/<name>.jsonl, replaced whole (rows as `trajectory_row` makes them)."""
+        """trajectories/<name>.jsonl, replaced whole: each group kept whole, one a line
+        (`art_rlvr.stored`; read back with `stored.read_groups`)."""
         folder = self.root / "trajectories"
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        tmp.write_text(group_lines(groups))
         tmp.replace(path)
         return path
-
-
-def trajectory_row(t: art.Trajectory) -> dict[str, Any]:
-    """A readable record of one trajectory: every message before the last sampled turn, that
-    turn's text as `completion`, reward, feedback, metrics and logs. When that turn called tools
-    or messages follow it (a turn cap hit mid-call, an environment's last word), `tail` holds
-    that turn as a message and everything after it, so no part of an episode is lost."""
-    items = episode_items(t)
-    last = max((i for i, item in enumerate(items) if is_sampled(item)), default=len(items))
-    tail = [as_message(item) for item in items[last:]]
-    return {
-        "scenario_id": t.metadata.get("scenario_id"),
-        "prompt_hash": t.metadata.get("prompt_hash"),
-        "messages": [as_message(item) for item in items[:last]],
-        "completion": completion_text(t) if last < len(items) else None,
-        "reward": t.reward,
-        "correct": is_correct(t),
-        "feedback": feedback_of(t),
-        "metrics": dict(t.metrics),
-        "logs": list(t.logs),
-        **({"tail": tail} if tail[1:] or (tail and "tool_calls" in tail[0]) else {}),
-    }

@@ -22,6 +22,7 @@ from art_rlvr.backend.model_source import declares_chat_template, resolve_base_m
 from art_rlvr.config import ConfigError, parse_args
 from art_rlvr.export import main as export_main
 from art_rlvr.run import main as run_main
+from art_rlvr.stored import read_trajectories
 
 EVAL = ("mode=eval", "val_limit=6", "max_tokens=8", "eval_test=false")
 
@@ -113,7 +114,7 @@ def test_plain_template_evaluates_the_base_model_without_errors(plain_run) -> No
     assert summary["failed"] is None and summary["val_accuracy_after"] == event["accuracy"]
     config = json.loads((run_dir / "config.json").read_text())
     assert config["chat_template"] == PLAIN  # the text, so export and serve use the same
-    rows = [json.loads(r) for r in (run_dir / "trajectories" / "val_0000.jsonl").open()]
+    rows = read_trajectories(run_dir / "trajectories" / "val_0000.jsonl")
     assert len(rows) == 6
     assert "val: accuracy" in log and "errored" not in log
 

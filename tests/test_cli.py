@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from art_rlvr.stored import read_trajectories
+
 TINY = [
     "scenario=arith",
     "max_tokens=8",
@@ -41,8 +43,9 @@ def test_eval_writes_summary_config_and_trajectories(tmp_path: Path) -> None:
     assert 0.0 <= summary["val_accuracy_before"] <= 1.0 and summary["wall_seconds"] > 0
     config = json.loads((run_dir / "config.json").read_text())
     assert config["seed"] == 3 and config["mode"] == "eval" and "versions" in config
-    rows = (run_dir / "trajectories" / "val_0000.jsonl").read_text().splitlines()
-    assert len(rows) == 6 and {"completion", "reward", "feedback"} <= json.loads(rows[0]).keys()
+    rows = read_trajectories(run_dir / "trajectories" / "val_0000.jsonl")
+    assert len(rows) == 6 and rows[0].completion and rows[0].feedback
+    assert [(r.meta_int("sample"), r.meta_int("seed") is not None) for r in rows] == 6 * [(0, True)]
     (val_line,) = [line for line in proc.stdout.splitlines() if line.startswith("val acc")]
     assert "->" not in val_line  # an evaluation trains nothing: one number, not 0.5 -> 0.5
     assert "Warning" not in proc.stderr  # peft's FutureWarning is silenced (art_rlvr/__init__)

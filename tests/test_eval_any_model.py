@@ -25,6 +25,7 @@ import pytest
 from art_rlvr.evaluation import mean_pass_at_k, pass_at_k
 from art_rlvr.records import EvalEvent, RunSummary, parse_events
 from art_rlvr.scenario import load_task
+from art_rlvr.stored import read_trajectories
 from art_rlvr.testing.scripted_server import Recorded, ScriptedServer, Step
 
 KEY = "sk-test-3f9a1c77e2b04d"  # only ever in the environment of the run
@@ -179,7 +180,7 @@ def test_scripted_model_reports_hand_computed_pass_at_k(runs: dict[int, Run]) ->
     (event,) = parse_events((run.path / "metrics.jsonl").read_text().splitlines())
     assert isinstance(event, EvalEvent) and event.pass_at == pytest.approx(SEED0_PASS)
     assert (event.samples, event.errors, event.policy) == (N, 0, "openai/scripted")
-    rows = (run.path / "trajectories" / "val_0000.jsonl").read_text().splitlines()
+    rows = read_trajectories(run.path / "trajectories" / "val_0000.jsonl")
     assert len(rows) == ITEMS * N
     assert not (run.path / ".art").exists()  # no backend, no embedded model
 
@@ -358,9 +359,9 @@ async def test_the_embedded_model_gets_pass_at_k_too(task, model, tmp_path: Path
     result = await run_phases(RunContext(cfg, task, None, model, files, time.monotonic()))
     assert set(result["pass_at_k"]) == {1, 3} and result["rollouts"] == 6
     assert result["policy"] is None and result["cost_usd"] is None
-    rows = [json.loads(line) for line in (tmp_path / "trajectories" / "val_0000.jsonl").open()]
+    rows = read_trajectories(tmp_path / "trajectories" / "val_0000.jsonl")
     assert len(rows) == 6
-    correct = [sum(r["correct"] for r in rows if r["scenario_id"] == s.id) for s in val]
+    correct = [sum(r.correct for r in rows if r.scenario_id == s.id) for s in val]
     assert result["pass_at_k"] == pytest.approx(
         {1: sum(correct) / 6, 3: mean_pass_at_k(correct, 3, 3)}
     )

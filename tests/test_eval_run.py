@@ -31,6 +31,7 @@ from art_rlvr.rollouts import rollout_seed
 from art_rlvr.runfiles import StateFileError
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Scenario, load_task
+from art_rlvr.stored import read_trajectories
 from art_rlvr.testing import ScriptedServer, Step
 
 SEED = 0  # ITEMS items x N samples, as test_eval_any_model's runs
@@ -248,10 +249,8 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
     assert meta["sessions"] == 2 and meta["reused_rollouts"] == len(booked)
     assert meta["model"] == {"policy": "openai/scripted", "api_base": second.base_url}
     assert meta["plan"]["policy"] == "openai/scripted" and meta["versions"]["openpipe-art"]
-    rows = (run_dir / "trajectories" / "val_0000.jsonl").read_text().splitlines()
-    assert [(json.loads(r)["scenario_id"], json.loads(r)["sample"]) for r in rows] == [
-        (ids[i], j) for i, j in KEYS
-    ]
+    rows = read_trajectories(run_dir / "trajectories" / "val_0000.jsonl")
+    assert [(r.scenario_id, r.meta_int("sample")) for r in rows] == [(ids[i], j) for i, j in KEYS]
 
     out = tmp_path / "dataset"
     assert export_main([str(run_dir), "--out", str(out)]) == 0

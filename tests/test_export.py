@@ -29,6 +29,7 @@ from art_rlvr.export import MANIFEST, ValEval, pick_step, val_evals
 from art_rlvr.export import main as export_main
 from art_rlvr.loops.context import RunContext, run_eval
 from art_rlvr.runfiles import RunFiles
+from art_rlvr.runfolder import RunFolder, read_run_folder
 from art_rlvr.serve import main as serve_main
 
 MAX_TOKENS = 24
@@ -305,33 +306,46 @@ def test_pick_step(evals, steps, requested, step, why) -> None:
     assert chosen == step and why in reason
 
 
+def run_with(root: Path, mode: str, events: list[dict[str, Any]], state: Any = None) -> RunFolder:
+    """A run folder holding `events` (val / test evaluations and a train step) and a state."""
+    (root / "config.json").write_text(json.dumps({"mode": mode}))
+    (root / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if state is not None:
+        (root / "state.json").write_text(json.dumps(state))
+    return read_run_folder(root)
+
+
+def evaluation(split: str, step: int, accuracy: float, **more: Any) -> dict[str, Any]:
+    return {"event": "eval", "split": split, "step": step, "accuracy": accuracy} | {
+        "reward_mean": accuracy,
+        **more,
+    }
+
+
 def test_expert_iteration_evals_map_rounds_to_model_steps(tmp_path: Path) -> None:
-    metrics = [
-        {"event": "eval", "split": "val", "step": 0, "accuracy": 0.3},
-        {"event": "eval", "split": "val", "step": 2, "accuracy": 0.5},  # round 2
-        {"event": "eval", "split": "test", "step": 2, "accuracy": 0.9},
-        {"event": "train", "step": 5},
+    events = [
+        evaluation("val", 0, 0.3),
+        evaluation("val", 2, 0.5),  # round 2
+        evaluation("test", 2, 0.9),
+        {"event": "train", "step": 5, "reward_mean": 0.5, "accuracy": 0.5},
     ]
     state = {"eval_steps": {"0": 0, "2": 6}}
-    assert [(e.step, e.accuracy) for e in val_evals(tmp_path, "ei", metrics, state)] == [
-        (0, 0.3),
-        (6, 0.5),
-    ]
-    assert [e.step for e in val_evals(tmp_path, "rl", metrics, None)] == [0, 2]
+    (tmp_path / "ei").mkdir()
+    (tmp_path / "rl").mkdir()
+    ei = run_with(tmp_path / "ei", "ei", events, state)
+    assert [(e.step, e.accuracy) for e in val_evals(ei)] == [(0, 0.3), (6, 0.5)]
+    assert [e.step for e in val_evals(run_with(tmp_path / "rl", "rl", events))] == [0, 2]
 
 
 def test_expert_iteration_evals_carry_their_step_and_round(tmp_path: Path) -> None:
     """Since evaluations carry their round, `step` is the model's; the trajectories file (and
-    the prompt read from it) is still named by the round."""
+    the prompt read from it) is still named by the round: here a file of the layout before."""
     (tmp_path / "trajectories").mkdir()
-    row = {"messages": [{"role": "system", "content": "Round two's prompt."}]}
+    row = {"messages": [{"role": "system", "content": "Round two's prompt."}], "completion": "4"}
     (tmp_path / "trajectories" / "val_0002.jsonl").write_text(json.dumps(row) + "\n")
-    metrics = [
-        {"event": "eval", "split": "val", "step": 0, "round": 0, "accuracy": 0.3},
-        {"event": "eval", "split": "val", "step": 1, "round": 2, "accuracy": 0.5},
-    ]
+    events = [evaluation("val", 0, 0.3, round=0), evaluation("val", 1, 0.5, round=2)]
     state = {"eval_steps": {"0": 0, "2": 7}}  # ignored: the events say their step
-    evals = val_evals(tmp_path, "ei", metrics, state)
+    evals = val_evals(run_with(tmp_path, "ei", events, state))
     assert [(e.step, e.accuracy, e.system_prompt) for e in evals] == [
         (0, 0.3, None),
         (1, 0.5, "Round two's prompt."),

@@ -29,9 +29,10 @@ from art_rlvr.runfiles import LEDGER, RunFiles
 SCRIPT = Path(__file__).parent / "scripts" / "kill_at.py"
 RUN = ["scenario=arith", "mode=rl", "n_batches=1", "eval_every=1", "val_limit=2",
        "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
-# clocks and timestamps: the only things a kill may change
+# clocks and timestamps: the only things a kill may change (start_time: when a stored
+# trajectory's rollout began)
 VOLATILE = {"wall_seconds", "cpu_seconds", "seconds", "recorded_at", "peak_rss_mb",
-            "seconds_per_step_median", "step_seconds", "train/seconds"}  # fmt: skip
+            "seconds_per_step_median", "step_seconds", "train/seconds", "start_time"}  # fmt: skip
 # sets written as lists in Python's (per-process) set order: peft's target modules, ART's
 # scenario ids; compared sorted
 UNORDERED = {"target_modules", "unique_scenario_ids"}

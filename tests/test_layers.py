@@ -41,6 +41,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "core",
             "records",
             "runfiles",
+            "runfolder",
+            "stored",
             "text",
             "transcript",
             "outcome",
@@ -99,7 +101,7 @@ def test_the_graph_is_read() -> None:
     graph = import_graph()
     assert len(graph) > 40
     assert "art_rlvr.loops.context" in graph["art_rlvr.loops.rl"]
-    assert "art_rlvr.runfiles" in graph["art_rlvr.observe.tracing"]
+    assert "art_rlvr.outcome" in graph["art_rlvr.observe.tracing"]
 
 
 def test_every_module_has_a_layer() -> None:

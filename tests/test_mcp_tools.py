@@ -33,10 +33,12 @@ from art_rlvr.environments.mcp_tools import (
     schema_problem,
     servers_of,
 )
+from art_rlvr.outcome import turns
 from art_rlvr.rollouts import rollout, run_episode
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import load_task
 from art_rlvr.sources import ScenarioFileError
+from art_rlvr.stored import read_trajectories
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.tools import call_tool, tool
 
@@ -563,9 +565,8 @@ def test_an_rl_run_on_an_mcp_scenario(tmp_path: Path) -> None:
     files = sorted((run / "trajectories").glob("*.jsonl"))
     assert [f.stem.split("_")[0] for f in files] == ["train", "val", "val"]
     for path in files:
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            for args, result in served_results([*row["messages"], *row.get("tail", [])]):
+        for row in read_trajectories(path):
+            for args, result in served_results(turns(row.to_art())):
                 assert result == str(args["a"] * args["b"])
     assert json.loads((run / "summary.json").read_text())["steps"] == 1
     assert all(gone_within(int(pid)) for pid in pids.read_text().split())

@@ -16,6 +16,7 @@ from art_rlvr.records import RunSummary
 from art_rlvr.run import main as run_main
 from art_rlvr.run import summary_lines
 from art_rlvr.scenario import batch_scenarios, load_task, scenarios_dir
+from art_rlvr.stored import read_trajectories
 
 MUL = """
 name = "mul"
@@ -155,5 +156,5 @@ def test_a_mixture_run_trains_and_scores_each_scenario(
     lines = summary_lines(summary, run_dir)
     assert any(line.split()[:1] == ["mul"] for line in lines)  # one row per scenario
     drawn = load_scenarios(f"arith,{mul}").train_batch(2, 0, 0)
-    trained = [json.loads(r) for r in (run_dir / "trajectories" / "train_0001.jsonl").open()]
-    assert sorted(r["scenario_id"] for r in trained) == sorted(2 * [s.id for s in drawn])
+    trained = read_trajectories(run_dir / "trajectories" / "train_0001.jsonl")
+    assert sorted(r.scenario_id for r in trained) == sorted(2 * [s.id for s in drawn])

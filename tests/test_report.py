@@ -21,6 +21,7 @@ import pytest
 from art_rlvr.records import EvalEvent, TrainEvent
 from art_rlvr.report import plots
 from art_rlvr.report.__main__ import main
+from art_rlvr.stored import StoredTrajectory, read_groups
 
 RL_RUN = [
     "scenario=arith",
@@ -70,8 +71,8 @@ def real_page(real_run: Path) -> Path:
     return page
 
 
-def rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def rows(path: Path) -> list[StoredTrajectory]:
+    return [t for g in read_groups(path) for t in g.trajectories]
 
 
 def test_report_of_a_real_rl_run(real_run: Path, real_page: Path) -> None:
@@ -83,8 +84,8 @@ def test_report_of_a_real_rl_run(real_run: Path, real_page: Path) -> None:
         png = (real_page.parent / f"{name}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
         assert base64.b64encode(png).decode() in html  # the same image, embedded
-    best = max(rows(real_run / "trajectories" / "train_0002.jsonl"), key=lambda r: r["reward"])
-    assert escape(best["completion"]) in html
+    best = max(rows(real_run / "trajectories" / "train_0002.jsonl"), key=lambda r: r.reward)
+    assert escape(best.completion) in html
     assert_self_contained(html)
 
 
@@ -176,7 +177,7 @@ def test_report_renders_in_headless_chromium(
         png = base64.b64decode(data, validate=True)
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
     text = "".join(dom.trajectory_text)
-    completions = [r["completion"] for r in rows(real_run / "trajectories" / "train_0001.jsonl")]
+    completions = [r.completion for r in rows(real_run / "trajectories" / "train_0001.jsonl")]
     assert any(c and c in text for c in completions), "no real completion in the trajectories"
 
     # the images really decode in the browser
@@ -429,9 +430,9 @@ def test_the_browser_filters_every_rollout_in_chromium(
     files = sorted((real_run / "trajectories").glob("*.jsonl"))
     stored = [(f.stem, r) for f in files for r in rows(f)]
     val2 = rows(real_run / "trajectories" / "val_0002.jsonl")
-    wrong = [r for _, r in stored if not r["correct"]]
-    scenario = val2[0]["scenario_id"]
-    same = [r for r in val2 if scenario.lower() in r["scenario_id"].lower()]
+    wrong = [r for _, r in stored if not r.correct]
+    scenario = val2[0].scenario_id
+    same = [r for r in val2 if scenario.lower() in r.scenario_id.lower()]
     shown = browse(real_page, tmp_path, [
         {}, {"f-kind": "val"}, {"f-kind": "val", "f-step": "2"}, {"f-outcome": "wrong"},
         {"f-kind": "val", "f-step": "2", "f-scenario": scenario}, {"f-calls": True},
@@ -446,7 +447,7 @@ def test_the_browser_filters_every_rollout_in_chromium(
     assert all("\u00b7 wrong" in h for h in failed["heads"])
     assert one["count"].startswith(f"{len(same)} of ") and scenario in one["heads"][0]
     row = val2[0]
-    assert row["completion"] in one["first"] and row["feedback"] in one["first"]
+    assert row.completion in one["first"] and row.feedback in one["first"]
     assert "prompt (2 messages)" in one["first"] and "assistant, turn 0" in one["first"]
     assert calls["count"].startswith("0 of ")  # arithmetic calls no tool
     assert not any(s["alerts"] for s in shown)

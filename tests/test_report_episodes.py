@@ -32,24 +32,20 @@ from art_rlvr.rollouts import rollout
 from art_rlvr.runfiles import RunFiles
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Scenario, load_task
+from art_rlvr.stored import StoredTrajectory, read_groups
 from art_rlvr.testing import ScriptedServer, Step
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 HOSTILE = "<script>alert(1)</script>"
 
 
-def rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def rows(path: Path) -> list[StoredTrajectory]:
+    return [t for g in read_groups(path) for t in g.trajectories]
 
 
-def calls_of(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, arguments) of every tool call in a trajectory row, in order."""
-    messages = [*row["messages"], *row.get("tail", [])]
-    return [
-        (c["function"]["name"], c["function"]["arguments"])
-        for m in messages
-        for c in m.get("tool_calls") or []
-    ]
+def calls_of(row: StoredTrajectory) -> list[tuple[str, str]]:
+    """(name, arguments) of every tool call in a stored trajectory, in order."""
+    return [(c.name, c.arguments) for m in row.episode for c in m.tool_calls]
 
 
 def shown_call(name: str, arguments: str) -> str:
@@ -100,7 +96,7 @@ def test_real_calc_run_records_and_shows_its_episodes(real_run: Path) -> None:
     (train,) = [TrainEvent.model_validate(e) for e in events if e["event"] == "train"]
     batch = rows(real_run / "trajectories" / "train_0001.jsonl")
     assert train.model_extra["tool_calls_per_episode"] == pytest.approx(
-        statistics.fmean(r["metrics"]["tool_calls"] for r in batch)
+        statistics.fmean(r.metrics["tool_calls"] for r in batch)
     )
     assert train.model_extra["turns_per_episode"] >= 1
     html = (real_run / "report" / "index.html").read_text()
@@ -110,13 +106,13 @@ def test_real_calc_run_records_and_shows_its_episodes(real_run: Path) -> None:
     val = rows(real_run / "trajectories" / "val_0001.jsonl")
     calls = [c for r in val for c in calls_of(r)]
     assert calls, "the named tool_choice forced no call"  # turn 0 of every episode is a call
-    failures = [r for r in val if not r["correct"]]
+    failures = [r for r in val if not r.correct]
     for row in failures:
         for name, arguments in calls_of(row):
             assert shown_call(name, arguments) in html
-        for m in row["messages"]:
-            if m["role"] == "tool":
-                assert escape(m["content"]) in html
+        for m in row.episode:
+            if m.role == "tool":
+                assert escape(m.content) in html
     assert "tool result: multiply" in html and "assistant, turn 1" in html
 
 
@@ -131,7 +127,7 @@ def test_real_calc_report_in_chromium(real_run: Path, tmp_path: Path) -> None:
     text = "".join(dom.trajectory_text)
     val = rows(real_run / "trajectories" / "val_0001.jsonl")
     for row in val:
-        if not row["correct"]:
+        if not row.correct:
             assert all(f"{n}({a})" in text for n, a in calls_of(row))
 
 
@@ -214,25 +210,24 @@ async def test_group_metrics_carry_the_episode_means(scripted_run: Path) -> None
 def test_browser_shows_whole_episodes(scripted_run: Path) -> None:
     html = (scripted_run / "report" / "index.html").read_text()
     calc_rows = rows(scripted_run / "trajectories" / "train_0001.jsonl")
-    capped = next(r for r in calc_rows if r["metrics"]["turn_cap_hit"])
-    # the capped episode: its last turn's call and result live in `tail`, and are shown
-    assert capped["tail"][0]["tool_calls"] and capped["tail"][-1]["role"] == "tool"
+    capped = next(r for r in calc_rows if r.metrics["turn_cap_hit"])
+    # the capped episode ends in its last turn's call and the tool's result, both shown
+    last_turn = [m for m in capped.episode if m.sampled][-1]
+    assert last_turn.tool_calls and capped.episode[-1].role == "tool"
     for name, arguments in calls_of(capped):
         assert shown_call(name, arguments) in html
     assert escape(json.dumps({"a": HOSTILE, "b": 1})) in html and HOSTILE not in html
-    assert escape(capped["tail"][-1]["content"]) in html
+    assert escape(capped.episode[-1].content) in html
     assert "4 turns, 4 tool calls, 1 tool error" in html
     assert "turn cap: the episode wanted more than 4 turns" in html
     # arith_retry: the environment's feedback between the two replies
     retry = next(
         r
         for r in rows(scripted_run / "trajectories" / "train_0002.jsonl")
-        if "arith" in r["scenario_id"]
+        if "arith" in r.scenario_id
     )
     feedback = next(
-        m["content"]
-        for m in retry["messages"]
-        if m["role"] == "user" and "Try again" in m["content"]
+        m.content for m in retry.episode if m.role == "user" and "Try again" in m.content
     )
     assert f'<span class="role">environment</span><pre class="env">{escape(feedback)}' in html
     assert "3 illegal actions" in html
@@ -266,8 +261,8 @@ def test_the_browser_finds_tool_episodes_in_chromium(scripted_run: Path, tmp_pat
     the final answer)."""
     stored = [r for f in sorted((scripted_run / "trajectories").glob("*.jsonl")) for r in rows(f)]
     called = [r for r in stored if calls_of(r)]
-    failed = [r for r in stored if r["metrics"].get("tool_errors", 0) > 0]
-    solved = [r for r in rows(scripted_run / "trajectories" / "train_0001.jsonl") if r["correct"]]
+    failed = [r for r in stored if r.metrics.get("tool_errors", 0) > 0]
+    solved = [r for r in rows(scripted_run / "trajectories" / "train_0001.jsonl") if r.correct]
     assert len(solved) == 1 and calls_of(solved[0]) and 0 < len(failed) < len(called)
     page = scripted_run / "report" / "index.html"
     calls, errors, good = browse(page, tmp_path, [
@@ -278,7 +273,7 @@ def test_the_browser_finds_tool_episodes_in_chromium(scripted_run: Path, tmp_pat
     assert errors["count"] == f"{len(failed)} of {len(stored)} rollouts"
     assert all("1 tool error" in head for head in errors["heads"]), errors["heads"]
     assert good["count"] == f"1 of {len(stored)} rollouts"
-    (name, arguments), answer = calls_of(solved[0])[0], solved[0]["completion"]
-    result = next(m["content"] for m in solved[0]["messages"] if m["role"] == "tool")
+    (name, arguments), answer = calls_of(solved[0])[0], solved[0].completion
+    result = next(m.content for m in solved[0].episode if m.role == "tool")
     assert f"{name}({arguments})" in good["first"] and result in good["first"], good["first"]
     assert answer in good["first"] and "tool result: multiply" in good["first"]

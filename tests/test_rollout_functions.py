@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.ei.hints import hinted_system
+from art_rlvr.eval_run import JournalRow
 from art_rlvr.evaluation import evaluate
 from art_rlvr.outcome import turns
 from art_rlvr.records import RolloutsFailed
@@ -29,9 +30,9 @@ from art_rlvr.rollouts import (
     rollout_failure,
     trainable,
 )
-from art_rlvr.runfiles import trajectory_row
 from art_rlvr.scenario import load_task, rollout_task
 from art_rlvr.sources import ScenarioFileError
+from art_rlvr.stored import read_trajectories, stored_trajectory
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
 CASES = Path(__file__).parent / "scripts" / "rollout_cases.py"
@@ -240,7 +241,10 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
     meta = json.loads((folder / "metadata.json").read_text())
     assert meta["rollouts"] == 6 and meta["errors"] == 0 and meta["reused_rollouts"] == 6
     rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
-    correct = {s.id: sum(r["row"]["correct"] for r in rows if r["item"] == s.id) for s in val}
+    correct = {
+        s.id: sum(JournalRow.model_validate(r).correct for r in rows if r["item"] == s.id)
+        for s in val
+    }
     assert sum(correct.values()) == 3
     for k in (1, 2):
         assert meta["pass_at_k"][str(k)] == pytest.approx(
@@ -280,11 +284,14 @@ async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, 
         assert all(0 < t.metrics["completion_tokens"] <= 6 for t in trajectories)
         if name == "captured":  # run files, GEPA and the report read the exchange
             assert all(len(t.exchanges.chat_completions) == 1 for t in trajectories)
-            row = trajectory_row(trajectories[0])
+            row = stored_trajectory(trajectories[0])
             reply = trajectories[0].exchanges.chat_completions[0].response.choices[0]
             x = task.splits["train"][0].x
-            assert row["messages"] == [{"role": "user", "content": f"{x['a']} + {x['b']} ="}]
-            assert row["completion"] == (reply.message.content or "")
+            assert [(m.role, m.content) for m in row.opening] == [
+                ("user", f"{x['a']} + {x['b']} =")
+            ]
+            assert row.completion == (reply.message.content or "")
+            assert row.to_art().exchanges == trajectories[0].exchanges
             assert [m["role"] for m in turns(trajectories[0])] == ["user", "assistant"]
         for g in groups:  # spread the rewards so that every group carries signal
             for i, t in enumerate(g.trajectories):
@@ -319,10 +326,10 @@ def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
     assert [e["step"] for e in events if e["event"] == "eval"] == [0, 1]
     assert json.loads((run / "summary.json").read_text())["steps"] == 1
     assert train["trajectories"] == 2.0 and train["tokens_per_completion"] > 0
-    rows = [json.loads(line) for line in (run / "trajectories" / "train_0001.jsonl").open()]
-    assert len(rows) == 2 and all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
+    rows = read_trajectories(run / "trajectories" / "train_0001.jsonl")
+    assert len(rows) == 2 and all(r.metrics["rollout_error"] == 0.0 for r in rows)
     # the agent's last request and reply, read from ART's exchanges: instructions, question
-    assert all(r["messages"][0]["content"].startswith("Call the multiply tool") for r in rows)
+    assert all(r.episode[0].content.startswith("Call the multiply tool") for r in rows)
 
 
 @pytest.mark.slow
@@ -346,17 +353,17 @@ def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
     assert meta["rollouts"] == 4 and meta["errors"] == 0
     assert set(meta["pass_at_k"]) == {"1", "2"}
     rows = [
-        json.loads(line)["row"] for line in (folder / "rollouts.jsonl").read_text().splitlines()
+        JournalRow.model_validate_json(line).stored
+        for line in (folder / "rollouts.jsonl").read_text().splitlines()
     ]
-    assert all(r["metrics"]["rollout_error"] == 0.0 for r in rows)
-    assert all(r["metrics"]["completion_tokens"] > 0 for r in rows)  # LangChain's usage
+    assert all(r.metrics["rollout_error"] == 0.0 for r in rows)
+    assert all(r.metrics["completion_tokens"] > 0 for r in rows)  # LangChain's usage
     # the forced call, the tool's product, then the reply are kept (a call cut by max_tokens
     # at temperature 1 is no call, so not every episode has one)
-    episodes = [r["messages"] + r.get("tail", []) for r in rows]
     assert any(
-        any("multiply" in json.dumps(m.get("tool_calls")) for m in turns_)
-        and any(m["role"] == "tool" for m in turns_)
-        for turns_ in episodes
+        any(c.name == "multiply" for m in r.episode for c in m.tool_calls)
+        and any(m.role == "tool" for m in r.episode)
+        for r in rows
     )
 
 
@@ -512,8 +519,10 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     assert unsolved >= 2 and stats["hints_generated"] == unsolved == len(asked)
     assert all("What is" in a for a in asked)  # the problem as the function's attempt sent it
     assert stats["hinted_attempts"] == 6 * unsolved and stats["hinted_unrelabelled"] == 0
-    hinted = [json.loads(line) for line in (run / "trajectories" / "hinted_0000.jsonl").open()]
-    assert hinted and all(HINT in json.dumps(row) for row in hinted)  # the hint reached the agent
+    hinted = read_trajectories(run / "trajectories" / "hinted_0000.jsonl")
+    assert hinted and all(
+        HINT in row.model_dump_json() for row in hinted
+    )  # the hint reached the agent
     assert stats["recovered"] >= 1 and stats["examples_from_hints"] >= 1
     buffer = RoundBuffer.model_validate_json((run / "ei" / "round_0000.json").read_text())
     for example in buffer.examples:

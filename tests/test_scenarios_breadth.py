@@ -13,6 +13,7 @@ import pytest
 from art_rlvr import load_task
 from art_rlvr.scenario import builtin_scenarios
 from art_rlvr.sources import ScenarioFileError, last_boxed
+from art_rlvr.stored import read_trajectories
 
 
 def write(path: Path, text: str) -> Path:
@@ -359,7 +360,7 @@ def test_cli_evals_a_user_defined_scenario(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["scenario"] == "colours" and summary["mode"] == "eval"
     assert 0.0 <= summary["val_accuracy_before"] <= 1.0
-    lines = (run_dir / "trajectories" / "val_0000.jsonl").read_text().splitlines()
-    assert len(lines) == 2
-    assert {json.loads(line)["feedback"] for line in lines} <= {"named it", "missed it"}
-    assert {json.loads(line)["scenario_id"] for line in lines} <= {"k0", "k1", "k2", "k3"}
+    stored = read_trajectories(run_dir / "trajectories" / "val_0000.jsonl")
+    assert len(stored) == 2
+    assert {r.feedback for r in stored} <= {"named it", "missed it"}
+    assert {r.scenario_id for r in stored} <= {"k0", "k1", "k2", "k3"}

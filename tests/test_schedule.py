@@ -21,6 +21,7 @@ from art_rlvr.loops.plan import plan
 from art_rlvr.loops.runner import run_phases
 from art_rlvr.loops.schedule import run_schedule
 from art_rlvr.runfiles import RunFiles
+from art_rlvr.stored import read_trajectories
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.text import prompt_hash
 
@@ -81,8 +82,7 @@ def schedule_args(server: ScriptedServer, run_dir: Path, *extra: str) -> list[st
 
 
 def system_prompts(path: Path) -> set[str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return {r["messages"][0]["content"] for r in rows}
+    return {r.episode[0].content for r in read_trajectories(path)}
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import art
 import pytest
 
+from art_rlvr.eval_run import JournalRow
 from art_rlvr.evaluation import pass_all_k, pass_at_k
 from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_failure, trainable
@@ -279,7 +280,7 @@ def test_cli_eval_reports_pass_at_k_and_resumes(tmp_path: Path) -> None:
     meta = json.loads((folder / "metadata.json").read_text())
     assert meta["rollouts"] == 2 and meta["errors"] == 0 and meta["reused_rollouts"] == 2
     rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
-    correct = sum(r["row"]["correct"] for r in rows)
+    correct = sum(JournalRow.model_validate(r).correct for r in rows)
     assert correct == 1
     for k in (1, 2):
         assert meta["pass_at_k"][str(k)] == pytest.approx(pass_at_k(2, correct, k))

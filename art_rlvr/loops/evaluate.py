@@ -93,7 +93,7 @@ async def sampled_eval(
     else:
         log.info("step %d %s%s", step, line, reused)
     files.append_event(event)
-    files.write_rows(f"val_{step:04d}", result.trajectory_rows())
+    files.write_trajectories(f"val_{step:04d}", result.report.groups)
     if not external:  # ART's history lives with the run's own (trainable) model
         await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
     return {

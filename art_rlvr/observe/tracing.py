@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from art_rlvr.runfiles import trajectory_row
+from art_rlvr.outcome import completion_text, feedback_of
 from art_rlvr.text import prompt_hash
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,13 @@ def _messages(scenario: Any, system_prompt: str | None) -> list[dict[str, str]] 
 
 
 def trajectory_output(trajectory: Any) -> dict[str, Any]:
-    row = trajectory_row(trajectory)
-    return {key: row[key] for key in ("completion", "reward", "feedback", "metrics", "prompt_hash")}
+    return {
+        "completion": completion_text(trajectory),
+        "reward": trajectory.reward,
+        "feedback": feedback_of(trajectory),
+        "metrics": dict(trajectory.metrics),
+        "prompt_hash": trajectory.metadata.get("prompt_hash"),
+    }
 
 
 def score_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,5 @@ every mode.
 """
 
 from art_rlvr.report.build import write_report
-from art_rlvr.report.data import ReportError, load_run
 
-__all__ = ["ReportError", "load_run", "write_report"]
+__all__ = ["write_report"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from art_rlvr.report.build import write_report
-from art_rlvr.report.data import ReportError
+from art_rlvr.runfolder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         page = write_report(args.run_dir, args.out)
-    except ReportError as error:
+    except RunFolderError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(page)

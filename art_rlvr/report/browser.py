@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from art_rlvr.report.data import Message, Rollout, RunData
 from art_rlvr.report.markup import clip, esc, num, section
 from art_rlvr.report.samples import episode_counts, episode_lines
+from art_rlvr.runfolder import Rollout, RunFolder
+from art_rlvr.stored import Message
 
 PAGE_SIZE = 50  # rollouts listed at a time ("show more" adds as many)
 
@@ -71,7 +72,7 @@ def _options(element_id: str, label: str, values: list[str]) -> str:
     )
 
 
-def browser_section(run: RunData) -> str:
+def browser_section(run: RunFolder) -> str:
     """The section: its controls, the rollouts as JSON and the script that lists them."""
     stored = run.rollouts
     if not stored:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent, episode_means
 from art_rlvr.report import plots
-from art_rlvr.report.data import RunData, load_run
 from art_rlvr.report.page import document
+from art_rlvr.runfolder import RunFolder, read_run_folder
 
 
-def figures(run: RunData) -> dict[str, bytes]:
+def figures(run: RunFolder) -> dict[str, bytes]:
     """Every figure the run has data for, in page order."""
     train, evals = run.events(TrainEvent), run.events(EvalEvent)
     ei_rounds = run.events(EIRoundEvent)
@@ -27,7 +27,7 @@ def figures(run: RunData) -> dict[str, bytes]:
     return {name: png for name, png in drawn.items() if png is not None}
 
 
-def val_episode_means(run: RunData) -> list[tuple[int, dict[str, float]]]:
+def val_episode_means(run: RunFolder) -> list[tuple[int, dict[str, float]]]:
     """Each val evaluation's multi-turn means, from its trajectory file (an evaluation's
     metrics line carries accuracy, not episode counts)."""
     files = [f for f in run.trajectory_files if f.kind == "val"]
@@ -42,7 +42,7 @@ def val_episode_means(run: RunData) -> list[tuple[int, dict[str, float]]]:
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write `<out>/index.html` (self-contained) and `<out>/<figure>.png`; default out is
     `<run_dir>/report`. Returns the page's path."""
-    run = load_run(run_dir)
+    run = read_run_folder(run_dir)
     out = out if out is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     images = figures(run)

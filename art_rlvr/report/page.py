@@ -12,11 +12,11 @@ from typing import Any
 from art_rlvr.config import MODE_TITLES
 from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
 from art_rlvr.report.browser import browser_section
-from art_rlvr.report.data import RunData
 from art_rlvr.report.markup import details, duration, esc, num, pre, section, table
 from art_rlvr.report.prompts import prompt_section
 from art_rlvr.report.samples import system_prompt, trajectory_section
 from art_rlvr.report.style import CSS
+from art_rlvr.runfolder import RunFolder
 
 COMMON_KEYS = ("scenario", "seed", "base_model", "backend", "system_prompt", "max_tokens")
 RL_KEYS = ("groups_per_batch", "group_size", "learning_rate", "loss_fn", "lora_rank", "temperature")
@@ -83,7 +83,7 @@ def config_value(config: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, value
 
 
-def header(run: RunData) -> str:
+def header(run: RunFolder) -> str:
     cfg, summary = run.config, run.summary
     title = MODE_TITLES.get(run.mode, run.mode)
     status = "unfinished (no summary.json)" if summary is None else "finished"
@@ -99,7 +99,7 @@ def header(run: RunData) -> str:
     )
 
 
-def alarm_box(run: RunData) -> str:
+def alarm_box(run: RunFolder) -> str:
     alarms = run.alarms
     if not alarms:
         return ""
@@ -116,14 +116,14 @@ def alarm_box(run: RunData) -> str:
     )
 
 
-def notes_box(run: RunData) -> str:
+def notes_box(run: RunFolder) -> str:
     if not run.notes:
         return ""
     items = "".join(f"<li>{esc(n)}</li>" for n in run.notes)
     return f'<section id="notes" class="note"><ul>{items}</ul></section>'
 
 
-def progress(run: RunData) -> dict[str, Any]:
+def progress(run: RunFolder) -> dict[str, Any]:
     """Numbers of an unfinished run, from metrics.jsonl (a finished one has summary.json)."""
     train = run.events(TrainEvent)
     val = [e for e in run.events(EvalEvent) if e.split == "val"]
@@ -137,7 +137,7 @@ def progress(run: RunData) -> dict[str, Any]:
     }
 
 
-def summary_section(run: RunData) -> str:
+def summary_section(run: RunFolder) -> str:
     numbers = run.summary.model_dump() if run.summary is not None else progress(run)
     cards = [
         f'<div class="card"><span>{esc(label)}</span><b>{esc(num(numbers[key]))}</b></div>'
@@ -156,7 +156,7 @@ def summary_section(run: RunData) -> str:
     return section("summary", "Summary", f'<div class="cards">{"".join(cards)}</div>{full}')
 
 
-def config_section(run: RunData) -> str:
+def config_section(run: RunFolder) -> str:
     keys = (*COMMON_KEYS, *MODE_KEYS.get(run.mode, ()))
     found = [(k, *config_value(run.config, k)) for k in keys]
     rows = [(k, "-" if v is None else str(v)) for k, present, v in found if present]
@@ -180,7 +180,7 @@ def figures_section(images: dict[str, bytes]) -> str:
     return section("curves", "Curves", body or "<p>Nothing to plot yet.</p>")
 
 
-def evals_section(run: RunData) -> str:
+def evals_section(run: RunFolder) -> str:
     evals = run.events(EvalEvent)
     if not evals:
         return ""
@@ -200,7 +200,7 @@ def evals_section(run: RunData) -> str:
     return section("evals", "Evaluations", table(header_row, rows))
 
 
-def ei_section(run: RunData) -> str:
+def ei_section(run: RunFolder) -> str:
     rounds = run.events(EIRoundEvent)
     if not rounds:
         return ""
@@ -220,7 +220,7 @@ def contents(sections: list[str]) -> str:
     return f'<nav class="small">{" &middot; ".join(links)}</nav>' if links else ""
 
 
-def document(run: RunData, images: dict[str, bytes]) -> str:
+def document(run: RunFolder, images: dict[str, bytes]) -> str:
     """The whole page."""
     sections = [
         summary_section(run),

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from art_rlvr.records import EIRoundEvent, EvalEvent, Event, TrainEvent
-from art_rlvr.report.data import Proposal
+from art_rlvr.runfolder import Proposal
 
 GREEN, RED, GREY, BLUE, ORANGE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00"
 EPISODE_PANELS = (

@@ -9,8 +9,8 @@ import re
 from collections import Counter
 
 from art_rlvr.records import PromptChangeEvent
-from art_rlvr.report.data import GepaPhase, Proposal, RunData
 from art_rlvr.report.markup import details, esc, num, pre, section, table
+from art_rlvr.runfolder import GepaPhase, Proposal, RunFolder
 
 
 def _words(text: str) -> list[str]:
@@ -93,13 +93,13 @@ def phase_block(phase: GepaPhase) -> str:
     return head + "".join(proposal_block(p) for p in accepted) + rejected
 
 
-def fixed_prompt(run: RunData, system: str | None) -> str:
+def fixed_prompt(run: RunFolder, system: str | None) -> str:
     if system is None:
         return "<p>No system prompt recorded.</p>"
     return f"<p>The system prompt stayed fixed in this {esc(run.mode)} run:</p>{pre(system)}"
 
 
-def prompt_section(run: RunData, system: str | None) -> str:
+def prompt_section(run: RunFolder, system: str | None) -> str:
     """Prompt changes (GEPA+RL), GEPA's accepted proposals per phase, or the fixed prompt."""
     parts: list[str] = []
     changes = run.prompt_changes

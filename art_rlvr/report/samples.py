@@ -11,13 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from art_rlvr.records import EvalEvent
-from art_rlvr.report.data import (
-    Message,
-    RunData,
-    Trajectory,
-    TrajectoryFile,
-)
 from art_rlvr.report.markup import details, esc, num, pre, section, slug
+from art_rlvr.runfolder import RunFolder, TrajectoryFile
+from art_rlvr.stored import Message, StoredTrajectory
 
 MAX_TRAIN_FILES = 60  # a long run shows an even spread of its steps, first and last included
 MAX_EVAL_FILES = 30
@@ -32,7 +28,7 @@ def spread(items: Sequence[TrajectoryFile], limit: int) -> list[TrajectoryFile]:
     return [items[i] for i in sorted(picks)]
 
 
-def best_and_worst(rows: Sequence[Trajectory]) -> list[tuple[str, Trajectory]]:
+def best_and_worst(rows: Sequence[StoredTrajectory]) -> list[tuple[str, StoredTrajectory]]:
     if not rows:
         return []
     best = max(rows, key=lambda t: (t.reward, t.correct))
@@ -40,11 +36,11 @@ def best_and_worst(rows: Sequence[Trajectory]) -> list[tuple[str, Trajectory]]:
     return [("best", best)] if best is worst else [("best", best), ("worst", worst)]
 
 
-def system_prompt(run: RunData) -> str | None:
+def system_prompt(run: RunFolder) -> str | None:
     """The system prompt the run's first recorded trajectory was rendered with."""
     for f in run.trajectory_files:
         for row in run.trajectories(f)[:1]:
-            for message in row.messages:
+            for message in row.opening:
                 if message.role == "system":
                     return message.content
     return None
@@ -59,7 +55,7 @@ def message_block(m: Message, role: str | None = None, cls: str = "") -> str:
     return f'<div class="msg">{head}{body}{calls}</div>'
 
 
-def episode_lines(t: Trajectory) -> list[tuple[str, str, Message]]:
+def episode_lines(t: StoredTrajectory) -> list[tuple[str, str, Message]]:
     """(label, css class, message) of each message after the opening: replies (the last one
     is the completion), tool results under the name of the call they answer, and the
     environment's messages. The page and the trajectory browser label turns alike."""
@@ -79,7 +75,7 @@ def episode_lines(t: Trajectory) -> list[tuple[str, str, Message]]:
     return out
 
 
-def episode_block(t: Trajectory) -> str:
+def episode_block(t: StoredTrajectory) -> str:
     """The turns after the opening: replies, tool calls, tool results, environment messages."""
     blocks = [
         f'<div class="result">{message_block(m, label, cls)}</div>'
@@ -90,7 +86,7 @@ def episode_block(t: Trajectory) -> str:
     return f'<div class="episode">{"".join(blocks)}</div>'
 
 
-def episode_counts(t: Trajectory) -> str:
+def episode_counts(t: StoredTrajectory) -> str:
     """'3 turns, 2 tool calls, 1 tool error, 1 illegal action' from the episode's metrics (no
     zero counts of errors and illegal actions)."""
     parts = []
@@ -106,7 +102,7 @@ def episode_counts(t: Trajectory) -> str:
     return ", ".join(parts)
 
 
-def trajectory_block(t: Trajectory, label: str, id_: str) -> str:
+def trajectory_block(t: StoredTrajectory, label: str, id_: str) -> str:
     tokens = t.metrics.get("completion_tokens")
     counts = episode_counts(t) if t.multi_turn else ""
     meta = (
@@ -135,7 +131,7 @@ def trajectory_block(t: Trajectory, label: str, id_: str) -> str:
     )
 
 
-def train_samples(run: RunData) -> str:
+def train_samples(run: RunFolder) -> str:
     files = [f for f in run.trajectory_files if f.kind == "train"]
     if not files:
         return ""
@@ -164,7 +160,7 @@ def train_samples(run: RunData) -> str:
     return f"<h3>Train: best and worst rollout per {unit}{esc(note)}</h3>" + "".join(blocks)
 
 
-def eval_order(run: RunData, f: TrajectoryFile) -> tuple[int, int, str]:
+def eval_order(run: RunFolder, f: TrajectoryFile) -> tuple[int, int, str]:
     """Evaluation files in the order they were run (metrics.jsonl), then by step and name."""
     for n, e in enumerate(run.events(EvalEvent)):
         if (e.split, e.index, e.tag.lstrip("_")) == (f.kind, f.index, f.tag):
@@ -172,7 +168,7 @@ def eval_order(run: RunData, f: TrajectoryFile) -> tuple[int, int, str]:
     return (len(run.metrics), f.index if f.index is not None else -1, f.label)
 
 
-def eval_samples(run: RunData) -> str:
+def eval_samples(run: RunFolder) -> str:
     files = sorted(
         (f for f in run.trajectory_files if f.kind in ("val", "test")),
         key=lambda f: eval_order(run, f),
@@ -198,7 +194,7 @@ def eval_samples(run: RunData) -> str:
     return "<h3>Evaluations: a few failures each</h3>" + "".join(blocks)
 
 
-def trajectory_section(run: RunData) -> str:
+def trajectory_section(run: RunFolder) -> str:
     body = train_samples(run) + eval_samples(run)
     if not body:
         body = "<p>No trajectories recorded yet.</p>"

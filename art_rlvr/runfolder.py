@@ -1,25 +1,29 @@
-"""The run folder, read into plain frozen records for the report.
+"""The one reader of a run folder: config.json, summary.json, state.json, metrics.jsonl's typed
+events, the stored trajectories and the GEPA folders, as frozen records. The report, `compare`
+and both exports read runs only through it (it imports neither ART nor torch).
 
-Reading is lenient on purpose: a report is most wanted for a run that went wrong, so an
-unfinished run (no summary.json), a metrics line cut by a crash, or a field another version of
-the loops does not write is a note on the page, never a refusal. Only a folder that is not a run
-at all, or a config / summary that does not parse, stops the report (`ReportError`).
+Reading is lenient on purpose: a run is most often read when it went wrong, so an unfinished run
+(no summary.json), a metrics line cut by a crash, or a field another version of the loops does
+not write is a note (`notes`), never a refusal. Only a folder that is not a run at all, or a
+config / summary that does not parse as JSON, is `RunFolderError`.
+
+`config` and `state` stay the JSON they were written as: they belong to the version of the loops
+that wrote them, and a run of an older version must still read; what readers need of them has
+a typed accessor here.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from art_rlvr.core import correct_from
 from art_rlvr.records import (
     AlarmEvent,
+    EvalEvent,
     Event,
     PromptChangeEvent,
     RecordError,
@@ -27,77 +31,21 @@ from art_rlvr.records import (
     parse_event,
 )
 from art_rlvr.runfiles import RunFiles, StateFileError
+from art_rlvr.stored import StoredGroup, StoredTrajectory, TrajectoryFileError, read_groups
 
 RUN_MARKERS = ("config.json", "metrics.jsonl", "summary.json")
 _TRAJECTORY_NAME = re.compile(r"^(?P<kind>[a-z]+)_(?P<index>\d+)(?P<tag>.*)$")
 
 
-class ReportError(RuntimeError):
-    """The folder cannot be reported on (missing, not a run, or a corrupt record)."""
+class RunFolderError(RuntimeError):
+    """The folder cannot be read as a run (missing, not a run, or a corrupt record)."""
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """A tool call as the model sent it (arguments are the raw text, valid or not)."""
-
-    id: str
-    name: str
-    arguments: str
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
 
 
-@dataclass(frozen=True)
-class Message:
-    """One message of an episode: its role and text, the tool calls of an assistant turn,
-    and the call a `tool` message answers."""
-
-    role: str
-    content: str
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str | None = None
-    name: str | None = None
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    """One row of trajectories/<name>.jsonl: `messages` before the last sampled turn, that
-    turn's text as `completion`, and `tail` (that turn and what followed) when there is more
-    to it than its text."""
-
-    scenario_id: str
-    messages: tuple[Message, ...]
-    completion: str
-    reward: float
-    feedback: str
-    metrics: dict[str, Any]
-    logs: tuple[str, ...] = ()
-    tail: tuple[Message, ...] = ()
-
-    @property
-    def correct(self) -> bool:
-        return correct_from(self.reward, self.metrics)
-
-    @property
-    def episode(self) -> tuple[Message, ...]:
-        """Every message of the episode, in order."""
-        return self.messages + (self.tail or (Message("assistant", self.completion),))
-
-    @property
-    def opening(self) -> tuple[Message, ...]:
-        """The messages before the first sampled turn: the prompt."""
-        first = next((i for i, m in enumerate(self.episode) if m.role == "assistant"), None)
-        return self.episode[:first]
-
-    @property
-    def multi_turn(self) -> bool:
-        """More than one assistant turn, or any tool call: an episode worth showing whole."""
-        episode = self.episode
-        return sum(m.role == "assistant" for m in episode) > 1 or any(
-            m.tool_calls or m.role == "tool" for m in episode
-        )
-
-
-@dataclass(frozen=True)
-class TrajectoryFile:
+class TrajectoryFile(_Frozen):
     """A trajectories/*.jsonl file, named `<kind>_<index><tag>` (train_0003, val_0004_rl_r0) or
     freely (val_best_prompt); `index` is the step, or the round in an EI run."""
 
@@ -111,24 +59,21 @@ class TrajectoryFile:
         return self.path.stem
 
 
-@dataclass(frozen=True)
-class Rollout:
+class Rollout(_Frozen):
     """One stored rollout and where it was recorded (its file: split or kind, step, tag)."""
 
     file: TrajectoryFile
     position: int
-    trajectory: Trajectory
+    trajectory: StoredTrajectory
 
 
-@dataclass(frozen=True)
-class Alarm:
+class Alarm(_Frozen):
     kind: str
     step: int | None
     message: str
 
 
-@dataclass(frozen=True)
-class Proposal:
+class Proposal(_Frozen):
     """A GEPA prompt-history event with its parents' prompts resolved from the candidates."""
 
     phase: str
@@ -146,8 +91,7 @@ class Proposal:
     metric_calls: int
 
 
-@dataclass(frozen=True)
-class GepaPhase:
+class GepaPhase(_Frozen):
     """One GEPA folder: `gepa/` for mode=gepa, `gepa/round_<r>/` for each GEPA+RL phase."""
 
     label: str
@@ -157,16 +101,22 @@ class GepaPhase:
     stop_reason: str | None
 
 
-@dataclass(frozen=True)
-class RunData:
+class RunFolder(_Frozen):
     root: Path
-    config: dict[str, Any]
+    config: dict[str, Any]  # config.json as the run logged it
     summary: RunSummary | None
-    state: dict[str, Any] | None
+    state: dict[str, Any] | None  # state.json as the run's mode wrote it
     metrics: tuple[Event, ...]
     trajectory_files: tuple[TrajectoryFile, ...]
     gepa: tuple[GepaPhase, ...]
-    notes: tuple[str, ...] = field(default=())
+    load_notes: tuple[str, ...] = ()  # what reading the folder found amiss
+    _read: dict[Path, list[StoredGroup] | TrajectoryFileError] = PrivateAttr(default_factory=dict)
+    _file_notes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What was found amiss: at load, and in the trajectory files read since."""
+        return (*self.load_notes, *self._file_notes)
 
     @property
     def name(self) -> str:
@@ -182,19 +132,36 @@ class RunData:
         """EI runs count evaluations and trajectory files by round, the others by step."""
         return "round" if self.mode == "ei" else "step"
 
-    @cached_property
-    def _stored(self) -> dict[Path, list[Trajectory]]:
-        return {f.path: read_trajectories(f.path) for f in self.trajectory_files}
+    def groups(self, f: TrajectoryFile, *, strict: bool = False) -> list[StoredGroup]:
+        """The groups stored in one trajectory file, each file read once. A line that is no
+        stored group raises `TrajectoryFileError` if `strict`; else the file reads as empty,
+        with a note (a report of a damaged run still shows the rest)."""
+        if f.path not in self._read:
+            try:
+                self._read[f.path] = read_groups(f.path)
+            except TrajectoryFileError as error:
+                self._read[f.path] = error
+                self._file_notes.append(f"left out: {error}")
+        found = self._read[f.path]
+        if isinstance(found, TrajectoryFileError):
+            if strict:
+                raise found
+            return []
+        return found
 
-    def trajectories(self, f: TrajectoryFile) -> list[Trajectory]:
-        """The rollouts stored in one trajectory file (each file is read once)."""
-        return self._stored[f.path]
+    def trajectories(self, f: TrajectoryFile, *, strict: bool = False) -> list[StoredTrajectory]:
+        """The rollouts stored in one trajectory file, group after group."""
+        return [t for g in self.groups(f, strict=strict) for t in g.trajectories]
+
+    def file(self, name: str) -> TrajectoryFile | None:
+        """The trajectory file `trajectories/<name>.jsonl`, if the run has one."""
+        return next((f for f in self.trajectory_files if f.label == name), None)
 
     @property
     def rollouts(self) -> list[Rollout]:
         """Every stored rollout of the run, file by file in `trajectory_files` order."""
         return [
-            Rollout(f, n, t)
+            Rollout(file=f, position=n, trajectory=t)
             for f in self.trajectory_files
             for n, t in enumerate(self.trajectories(f))
         ]
@@ -218,7 +185,7 @@ class RunData:
         ]
         out: dict[tuple[str, int | None, str], Alarm] = {}
         for kind, step, message in found:
-            alarm = Alarm(kind, step if isinstance(step, int) else None, message)
+            alarm = Alarm(kind=kind, step=step if isinstance(step, int) else None, message=message)
             out.setdefault((alarm.kind, alarm.step, alarm.message), alarm)
         return list(out.values())
 
@@ -235,22 +202,41 @@ class RunData:
             if (change := _parsed(PromptChangeEvent, c)) is not None
         ]
 
+    @property
+    def val_evals(self) -> list[EvalEvent]:
+        return [e for e in self.events(EvalEvent) if e.split == "val"]
 
-def load_run(root: Path) -> RunData:
-    """Read a run folder; `ReportError` (one line) if it is missing or not a run."""
+    def eval_prompt(self, event: EvalEvent) -> str | None:
+        """The system prompt an evaluation used, from its trajectories file (None: none)."""
+        f = self.file(f"{event.split}_{event.index:04d}{event.tag}")
+        first = next(iter(self.trajectories(f)), None) if f is not None else None
+        opening = first.opening if first is not None else ()
+        return next((m.content for m in opening if m.role == "system"), None)
+
+    @property
+    def eval_steps(self) -> dict[str, int]:
+        """An EI run written before evaluations carried their round: round -> model step."""
+        found = (self.state or {}).get("eval_steps")
+        if not isinstance(found, dict):
+            return {}
+        return {str(k): v for k, v in found.items() if isinstance(v, int)}
+
+
+def read_run_folder(root: Path) -> RunFolder:
+    """Read a run folder; `RunFolderError` (one line) if it is missing or not a run."""
     if not root.exists():
-        raise ReportError(f"{root}: no such folder")
+        raise RunFolderError(f"{root}: no such folder")
     if not root.is_dir():
-        raise ReportError(f"{root} is a file, not a run folder")
+        raise RunFolderError(f"{root} is a file, not a run folder")
     if not any((root / name).is_file() for name in RUN_MARKERS):
-        raise ReportError(f"{root} is not a run folder (none of {', '.join(RUN_MARKERS)} in it)")
+        raise RunFolderError(f"{root} is not a run folder (none of {', '.join(RUN_MARKERS)} in it)")
     files = RunFiles(root)
     notes: list[str] = []
     try:
         config = files.read_json("config.json") or {}
         summary = files.read_json("summary.json")
     except StateFileError as error:
-        raise ReportError(str(error)) from None
+        raise RunFolderError(str(error)) from None
     if summary is None:
         notes.append("unfinished run: no summary.json yet; this report shows what was written")
     try:
@@ -259,7 +245,7 @@ def load_run(root: Path) -> RunData:
         state = None
         notes.append("state.json does not parse; prompt changes are taken from metrics.jsonl")
     raw = files.metrics()
-    metrics = [e for r in raw if isinstance(r, dict) and (e := _event(r)) is not None]
+    metrics = [e for r in raw if (e := _event(r)) is not None]
     cut = _line_count(root / "metrics.jsonl") - len(raw)
     if cut:
         notes.append(f"{cut} line(s) of metrics.jsonl could not be read (cut by a crash?)")
@@ -271,7 +257,7 @@ def load_run(root: Path) -> RunData:
     parsed_summary = _parsed(RunSummary, summary) if isinstance(summary, dict) else None
     if summary is not None and parsed_summary is None:
         notes.append("summary.json is not a run summary; numbers are taken from metrics.jsonl")
-    return RunData(
+    return RunFolder(
         root=root,
         config=config if isinstance(config, dict) else {},
         summary=parsed_summary,
@@ -279,7 +265,7 @@ def load_run(root: Path) -> RunData:
         metrics=tuple(metrics),
         trajectory_files=tuple(trajectory_files(root / "trajectories")),
         gepa=tuple(gepa_phases(root / "gepa")),
-        notes=tuple(notes),
+        load_notes=tuple(notes),
     )
 
 
@@ -312,67 +298,17 @@ def trajectory_files(folder: Path) -> list[TrajectoryFile]:
         match = _TRAJECTORY_NAME.match(path.stem)
         if match:
             out.append(
-                TrajectoryFile(path, match["kind"], int(match["index"]), match["tag"].lstrip("_"))
+                TrajectoryFile(
+                    path=path,
+                    kind=match["kind"],
+                    index=int(match["index"]),
+                    tag=match["tag"].lstrip("_"),
+                )
             )
         else:
             kind, _, rest = path.stem.partition("_")
-            out.append(TrajectoryFile(path, kind, None, rest))
+            out.append(TrajectoryFile(path=path, kind=kind, index=None, tag=rest))
     return sorted(out, key=lambda f: (f.kind, f.index if f.index is not None else -1, f.label))
-
-
-def read_trajectories(path: Path) -> list[Trajectory]:
-    """The rows of one trajectory file; a line that does not parse is skipped. The one reader
-    of the stored trajectory format: everything in the report goes through it."""
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(raw, dict):
-            rows.append(_trajectory(raw))
-    return rows
-
-
-def _trajectory(raw: dict[str, Any]) -> Trajectory:
-    reward = raw.get("reward")
-    logs = raw.get("logs")
-    return Trajectory(
-        scenario_id=str(raw.get("scenario_id") or "?"),
-        messages=_messages(raw.get("messages")),
-        completion=str(raw.get("completion") or ""),
-        reward=float(reward) if isinstance(reward, int | float) else 0.0,
-        feedback=str(raw.get("feedback") or ""),
-        metrics=metrics if isinstance(metrics := raw.get("metrics"), dict) else {},
-        logs=tuple(str(line) for line in logs) if isinstance(logs, list) else (),
-        tail=_messages(raw.get("tail")),
-    )
-
-
-def _messages(raw: Any) -> tuple[Message, ...]:
-    return tuple(_message(m) for m in raw if isinstance(m, dict)) if isinstance(raw, list) else ()
-
-
-def _message(m: dict[str, Any]) -> Message:
-    calls = found if isinstance(found := m.get("tool_calls"), list) else []
-    return Message(
-        role=str(m.get("role", "?")),
-        content=str(m.get("content") or ""),
-        tool_calls=tuple(_tool_call(c) for c in calls if isinstance(c, dict)),
-        tool_call_id=str(m["tool_call_id"]) if m.get("tool_call_id") is not None else None,
-        name=str(m["name"]) if m.get("name") is not None else None,
-    )
-
-
-def _tool_call(call: dict[str, Any]) -> ToolCall:
-    """An OpenAI-shaped call (`function.name`, `function.arguments`), arguments kept as text."""
-    function: dict[str, Any] = fn if isinstance(fn := call.get("function"), dict) else {}
-    arguments = function.get("arguments", "")
-    return ToolCall(
-        id=str(call.get("id") or ""),
-        name=str(function.get("name") or "?"),
-        arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
-    )
 
 
 def gepa_phases(folder: Path) -> list[GepaPhase]:
@@ -423,15 +359,16 @@ def _proposal(phase: str, e: dict[str, Any], prompts: dict[int, str]) -> Proposa
         prompt=e.get("prompt"),
         parents=parents,
         parent_prompts=tuple(prompts.get(p, "") for p in parents),
-        score_before=_number(e.get("score_before")),
-        score_after=_number(e.get("score_after")),
-        pareto_mean=_number(e.get("pareto_mean")),
+        score_before=number(e.get("score_before")),
+        score_after=number(e.get("score_after")),
+        pareto_mean=number(e.get("pareto_mean")),
         candidate=e.get("candidate") if isinstance(e.get("candidate"), int) else None,
         metric_calls=int(e.get("metric_calls") or 0),
     )
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A JSON value as a float when it is a number (never a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
