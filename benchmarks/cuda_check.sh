@@ -9,8 +9,8 @@ py=${PYTHON:-uv run python}
 run_dir=${1:-runs/cuda-arith-rl-s0}
 $py -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; \
 print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__)"
-$py -m pytest -q -p no:cacheprovider tests/test_server.py tests/test_rollout.py \
-    tests/test_train.py tests/test_load.py || echo "pytest exit $?"
+$py -m pytest -q -p no:cacheprovider tests/backend/test_server.py tests/rollouts/test_rollout.py \
+    tests/backend/test_train.py tests/backend/test_load.py || echo "pytest exit $?"
 $py benchmarks/generation_throughput.py --repeats 3 --concurrency 1 8 32 128
 $py -m art_rlvr.run scenario=arith seed=0 "run_dir=$run_dir"
 $py -c "import json, sys; s = json.load(open(sys.argv[1] + '/summary.json')); \

@@ -1,5 +1,5 @@
 """Do agents' trained ids equal the ids the server sampled? ART's LangGraph integration and the
-OpenAI Agents SDK (the examples of docs/agents.md, loaded from tests/test_agent_frameworks.py),
+OpenAI Agents SDK (the examples of docs/agents.md, loaded from tests/backend/test_agent_frameworks.py),
 run against TorchBackend; every turn's ids as the trainer takes them, compared with the ids
 read off the HTTP responses, beside what re-rendering the turns from their text would train
 (what the trainer did before it kept a record of what it served).

@@ -14,7 +14,6 @@ import art
 import pytest
 from art.trajectories import LegacyHistory
 from openai.types.chat.chat_completion import Choice
-from test_environments import scripted_model
 
 from art_rlvr.eval_run import JournalRow, rebuilt
 from art_rlvr.outcome import completion_text, turns
@@ -24,7 +23,7 @@ from art_rlvr.runfolder import read_run_folder
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import load_task
 from art_rlvr.stored import TrajectoryFileError, parse_group, read_groups, stored_group
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 Make = Callable[[Any], Awaitable[art.TrajectoryGroup]]
 

@@ -12,7 +12,7 @@ trainer therefore sets its own (`in_threads`) rather than inherit the engine's.
 
 Switching must not change a result, or seeded runs would depend on timing: the engine checks
 at start that a prefill and a decode step give the same bits at 1 thread and at the most
-(`ThreadTuner.verify`) and keeps a fixed count where they do not (`tests/test_threads.py`
+(`ThreadTuner.verify`) and keeps a fixed count where they do not (`tests/backend/test_threads.py`
 checks the engine's tokens and logprobs at 1 and 2 threads too).
 """
 

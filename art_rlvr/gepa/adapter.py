@@ -35,7 +35,8 @@ from art_rlvr.rollouts import SamplingConfig, gather_groups
 from art_rlvr.scenario import Scenario
 from art_rlvr.text import prompt_hash
 
-# the store's names, still importable from here (tests/test_backends.py, tests/test_faults.py)
+# the store's names, still importable from here (tests/backend/test_backends.py,
+# tests/loops/test_faults.py)
 __all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "scenario_eval"]
 
 COMPONENT = "system_prompt"

@@ -3,8 +3,8 @@ two-hop questions whose answer needs two of them (the first names a person, the 
 the fact about that person).
 
 Everything is drawn from `random.Random("qa_search:0")` out of the word lists below, so the
-files are reproducible byte for byte (tests/test_qa_search.py checks the shipped copies) and
-the facts exist nowhere else: a model cannot answer from memory.
+files are reproducible byte for byte (tests/environments/test_qa_search.py checks the shipped
+copies) and the facts exist nowhere else: a model cannot answer from memory.
 
     uv run python scenarios/data/qa_search_generate.py
 """

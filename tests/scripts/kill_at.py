@@ -1,5 +1,5 @@
 """Run the CLI (`python -m art_rlvr.run ...`), SIGKILLing it just before its N-th write into
-the run folder, or listing those writes; for tests/test_kill_windows.py.
+the run folder, or listing those writes; for tests/loops/test_kill_windows.py.
 
     python tests/scripts/kill_at.py RUN_DIR (--trace FILE | --kill-at REGEX N) -- key=value ...
 

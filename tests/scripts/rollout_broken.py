@@ -1,3 +1,3 @@
-"""A rollout module that fails to import (tests/test_rollout_functions.py)."""
+"""A rollout module that fails to import (tests/rollouts/test_rollout_functions.py)."""
 
 raise RuntimeError("broken at import")

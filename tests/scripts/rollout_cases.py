@@ -1,4 +1,4 @@
-"""Rollout functions for tests/test_rollout_functions.py: one good one that really samples from
+"""Rollout functions for tests/rollouts/test_rollout_functions.py: one good one that really samples from
 the model, and one per way a user's function goes wrong."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from art_rlvr.rollouts import rollout
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
 
-BUILTIN = Path(__file__).resolve().parents[1] / "scenarios" / "humaneval_repair.toml"
+BUILTIN = Path(__file__).resolve().parents[2] / "scenarios" / "humaneval_repair.toml"
 TASK = "HumanEval/23"  # strlen(string) -> int; its tests: '' -> 0, 'x' -> 1, 'asdasnakj' -> 9
 FIXED = "Here it is:\n```python\ndef strlen(string: str) -> int:\n    return len(string)\n```"
 WRONG = "```python\ndef strlen(string: str) -> int:\n    return 0\n```"

@@ -215,7 +215,7 @@ def test_the_key_is_in_no_file_the_run_wrote(runs: dict[int, Run]) -> None:
 
 
 def trained_run(root: Path, seed: int, before: float, after: float) -> Path:
-    """A finished RL run folder as art_rlvr.run leaves it (as tests/test_compare.py fakes one)."""
+    """A finished RL run folder as art_rlvr.run leaves it (as tests/report/test_compare.py fakes one)."""
     path = root / f"rl-s{seed}"
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"scenario": "arith", "mode": "rl", "seed": seed}))

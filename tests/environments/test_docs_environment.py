@@ -10,14 +10,13 @@ from pathlib import Path
 
 import art
 import pytest
-from test_episodes import scripted_model
 
 from art_rlvr.rollouts import rollout
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Task, load_task
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "scenarios.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "scenarios.md"
 SECTION = "### Writing your own environment, with a tool"
 
 

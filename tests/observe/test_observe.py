@@ -266,7 +266,7 @@ scenario = load_task("arith").splits["val"][0]
 asyncio.run(scenario.score(str(scenario.x["answer"])))
 finish_weave()
 """
-LOOPBACK_ONLY = Path(__file__).parent / "scripts" / "loopback_only.py"
+LOOPBACK_ONLY = Path(__file__).parents[1] / "scripts" / "loopback_only.py"
 
 
 def test_offline_traces_record_with_nothing_online_and_upload_later(tmp_path: Path) -> None:

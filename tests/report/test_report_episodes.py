@@ -22,7 +22,6 @@ from typing import Any
 
 import art
 import pytest
-from test_episodes import scripted_model
 from test_report import PNG_MAGIC, Dom, browse, dump_dom  # the page's parser, Chromium
 
 from art_rlvr.loops.context import group_metrics
@@ -33,9 +32,9 @@ from art_rlvr.runfiles import RunFiles
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Scenario, load_task
 from art_rlvr.stored import StoredTrajectory, read_groups
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 HOSTILE = "<script>alert(1)</script>"
 
 

@@ -5,7 +5,7 @@ temporary file, checkpoints bit for bit. Clocks and timestamps are the only diff
 The kill lands exactly in a window through `tests/scripts/kill_at.py` (Python's audit hooks
 fire before each write). CI runs the window an outside tester found doubling records (the
 state file written after an evaluation) and the run folder's own guarantees in-process; the
-sweep over every write of a run is slow (`pytest -m slow tests/test_kill_windows.py`).
+sweep over every write of a run is slow (`pytest -m slow tests/loops/test_kill_windows.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from art_rlvr.records import EvalEvent, TrainEvent
 from art_rlvr.runfiles import LEDGER, RunFiles
 
-SCRIPT = Path(__file__).parent / "scripts" / "kill_at.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "kill_at.py"
 RUN = ["scenario=arith", "mode=rl", "n_batches=1", "eval_every=1", "val_limit=2",
        "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
 # clocks and timestamps: the only things a kill may change (start_time: when a stored
@@ -174,17 +174,20 @@ def test_a_window_matches_its_write_and_every_temporary_name_of_it(line: str, an
     assert not re.match(pattern, f"{line}/other") and not re.match(pattern, f"x{line}")
 
 
+SHARDS = 4  # the sweep in parts, so each stays within its timeout on a busy machine too
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # about a minute a window: longer than the suite's 900 s per test
+@pytest.mark.timeout(3600)  # a minute a window idle, two beside other jobs: past the suite's 900 s
+@pytest.mark.parametrize("shard", range(SHARDS))
 def test_a_kill_before_any_write_then_resume_equals_the_unkilled_run(
-    reference: tuple[dict[str, Any], list[str]], tmp_path: Path
+    reference: tuple[dict[str, Any], list[str]], tmp_path: Path, shard: int
 ) -> None:
-    """Every write of a 1-step RL run with evaluations at 0 and 1 (WINDOWS windows): killed
-    there, resumed, compared with the unkilled run, file by file. About a minute a window on
-    2 cores."""
+    """Every write of a 1-step RL run with evaluations at 0 and 1: killed there, resumed,
+    compared with the unkilled run, file by file (every SHARDS-th window from `shard`)."""
     files, trace = reference
     failures = []
-    for index, (pattern, occurrence) in enumerate(windows(trace)):
+    for index, (pattern, occurrence) in list(enumerate(windows(trace)))[shard::SHARDS]:
         resumed = killed_then_resumed(tmp_path / str(index), pattern, occurrence)
         found = differences(files, resumed)
         if found and differences(

@@ -1,6 +1,6 @@
 """SIGKILL at random points of every mode, over seeds, then resume: the finished run equals an
 uninterrupted one (same summary, same checkpoints, no training step logged twice, every state
-file parses). Slow: about 15 minutes on 2 cores (`uv run pytest -m slow tests/test_crash.py`)."""
+file parses). Slow: about 15 minutes on 2 cores (`uv run pytest -m slow tests/loops/test_crash.py`)."""
 
 from __future__ import annotations
 

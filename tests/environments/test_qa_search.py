@@ -20,7 +20,7 @@ from art_rlvr.rollouts import rollout
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
 
-DATA = Path(__file__).resolve().parents[1] / "scenarios" / "data"
+DATA = Path(__file__).resolve().parents[2] / "scenarios" / "data"
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def drop_to(name: str, userns: bool, args: list[str]) -> None:
     """(root) Open the view, become `name` for good, run this file's `child` with `args`;
     without `userns`, inside a bwrap that forbids new user namespaces, as hardened hosts do."""
     account = pwd.getpwnam(name)
-    needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix), HERE.parents[1]]
+    needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix), HERE.parents[2]]
     open_view(needed)
     os.initgroups(name, account.pw_gid)
     os.setgid(account.pw_gid)

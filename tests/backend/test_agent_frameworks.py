@@ -263,7 +263,7 @@ def without_ids(trajectory: art.Trajectory) -> art.Trajectory:
 def test_docs_show_these_examples_verbatim() -> None:
     """docs/agents.md's two examples are the code above, so they cannot go stale."""
     here = Path(__file__).read_text()
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
     shown = re.findall(r"```python\n(.*?)```", docs, re.DOTALL)
     for name in ("langgraph", "agents"):
         example = re.search(

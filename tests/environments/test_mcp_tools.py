@@ -24,7 +24,6 @@ from typing import Any
 
 import mcp_types
 import pytest
-from test_episodes import scripted_model
 
 from art_rlvr.core import Episode
 from art_rlvr.environments.mcp_tools import (
@@ -39,10 +38,10 @@ from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import load_task
 from art_rlvr.sources import ScenarioFileError
 from art_rlvr.stored import read_trajectories
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 from art_rlvr.tools import call_tool, tool
 
-SERVER = Path(__file__).parent / "scripts" / "mcp_server.py"
+SERVER = Path(__file__).parents[1] / "scripts" / "mcp_server.py"
 STDIO = (sys.executable, str(SERVER))
 
 
@@ -424,7 +423,7 @@ def test_each_event_loop_gets_its_own_connection() -> None:
     assert s.counts["starts"] == 2 and s.counts["crashes"] == 0
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "mcp"
 
 

@@ -29,7 +29,7 @@ from art_rlvr.loops.context import group_metrics
 from art_rlvr.outcome import feedback_of, is_correct, turns
 from art_rlvr.rollouts import SamplingConfig, rollout
 from art_rlvr.sources import ScenarioFileError
-from art_rlvr.testing import ScriptedServer, Step
+from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 
 def board(text: str) -> tuple[str, ...]:
@@ -41,13 +41,6 @@ def episode(*replies: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": "go"}] + [
         {"role": "assistant", "content": r} for r in replies
     ]
-
-
-def scripted_model(server: ScriptedServer) -> art.Model:
-    return art.Model(
-        name="scripted", project="t", inference_base_url=server.base_url,
-        inference_api_key="k", inference_model_name="scripted",
-    )  # fmt: skip
 
 
 # ---- tic-tac-toe rules -----------------------------------------------------------------------

@@ -56,7 +56,7 @@ KEY = "sk-gepa-secret-do-not-write-0815"
 SEED = "Answer the question."
 GOOD = "Reply with a bare number and nothing else."
 GOOD2 = "Give only the numeric result, with no words."
-SCRIPT = Path(__file__).parent / "scripts" / "gepa_resume_run.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "gepa_resume_run.py"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,7 +1,7 @@
 """A run as a list of phases: `phases=` parsing and its errors, each mode as its preset, the
 spelling of a preset typed back as `phases=`, the expert-iteration flag, per-phase overrides
 shown, and a resume with another list refused. Pure config and state: no model loads here (the
-runs themselves are in tests/test_schedule.py)."""
+runs themselves are in tests/loops/test_schedule.py)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from art_rlvr.sources import ScenarioFileError
 from art_rlvr.stored import read_trajectories, stored_trajectory
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
-CASES = Path(__file__).parent / "scripts" / "rollout_cases.py"
+CASES = Path(__file__).parents[1] / "scripts" / "rollout_cases.py"
 SOURCE = {"type": "arith", "ops": ["+"], "min_value": 1, "max_value": 9,
           "splits": {"train": 6, "val": 3, "test": 2}}  # fmt: skip
 
@@ -301,7 +301,7 @@ async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, 
         assert result.step == step + 1 and result.metrics["turns_served"] == 4
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples" / "rollouts"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rollouts"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """verifiers 0.4 environments as scenarios (`scenario=verifiers:<taskset>`, `[verifiers]`,
 `verifiers_task`).
 
-The environments are tiny tasksets written in the suite (tests/vf_envs/: single-turn arithmetic,
+The environments are tiny tasksets written in the suite (tests/verifiers_env/vf_envs/: single-turn arithmetic,
 an MCP tool env, a multi-turn retry env, a rubric that raises). verifiers runs them for real
 (its Env, interception proxy, per-rollout MCP toolset servers and rubric), against the embedded
 model on TorchBackend, or a scripted OpenAI-compatible server on loopback where a test needs
@@ -323,7 +323,7 @@ async def test_gepa_evolves_the_system_prompt_the_episodes_receive(
 
 def test_docs_show_the_example_verbatim() -> None:
     """docs/verifiers.md's example is the files the docs' commands run, so it cannot go stale."""
-    examples = Path(__file__).resolve().parents[1] / "docs" / "examples" / "verifiers"
+    examples = Path(__file__).resolve().parents[2] / "docs" / "examples" / "verifiers"
     docs = (examples.parents[1] / "verifiers.md").read_text()
     for name in ("arith_vf.py", "arith_vf.toml"):
         assert (examples / name).read_text() in docs, f"docs/verifiers.md lacks {name}"
