@@ -457,7 +457,7 @@ def test_cli_eval_of_an_mcp_scenario_closes_its_server_and_exports_tool_turns(
 ) -> None:
     """`mode=eval` through the CLI's main: the server is started with the run and gone after
     it; the stored episodes (call, tool result, answer) export to a `datasets` folder."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     from art_rlvr.export_dataset import main as export_main
 
@@ -544,7 +544,7 @@ async def test_the_embedded_model_runs_an_mcp_episode(make_model, tmp_path: Path
 def test_an_rl_run_on_an_mcp_scenario(tmp_path: Path) -> None:
     """`mode=rl` through the CLI's main with the embedded model: its training batch and its
     evaluations are MCP episodes, and the server is gone when the run ends."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     pids = tmp_path / "pids"
     path = embedded_scenario(tmp_path, env={"MCP_TEST_PID_FILE": str(pids)})

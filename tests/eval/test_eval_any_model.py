@@ -9,18 +9,15 @@ each the CLI's ~20 s of CPU for imports.
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import math
-import os
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from clirun import base_env, cli
 
 from art_rlvr.evaluation import mean_pass_at_k, pass_at_k
 from art_rlvr.records import EvalEvent, RunSummary, parse_events
@@ -71,42 +68,6 @@ def script(seed: int, correct: list[list[bool]]) -> list[Step]:
         for i, row in enumerate(correct)
         for ok in row
     ]
-
-
-def cli(
-    args: list[str], env: dict[str, str], *, own_process: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """`python -m art_rlvr.run ARGS` with exactly `env`: in a process of its own, or through
-    `main` here (environment, root logger and stdio put back afterwards)."""
-    if own_process:
-        command = [sys.executable, "-m", "art_rlvr.run", *args]
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    from art_rlvr.run import main
-
-    saved, root = dict(os.environ), logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    out, err = io.StringIO(), io.StringIO()
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(args)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        for handler in list(root.handlers):  # the run's log handlers (run.log among them)
-            root.removeHandler(handler)
-            if handler not in handlers:
-                handler.close()
-        for handler in handlers:
-            root.addHandler(handler)
-        root.setLevel(level)
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
-    return {**env, **extra}
 
 
 @dataclass

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import art
 import pytest
-from test_eval_any_model import ITEMS, N, base_env, cli, external_args
+from clirun import base_env, cli
+from test_eval_any_model import ITEMS, N, external_args
 
 from art_rlvr.eval_run import EvalPlan, evaluate_resumable, plan_for
 from art_rlvr.evaluation import mean_pass_all_k, mean_pass_at_k, pass_all_k, pass_at_k

@@ -218,7 +218,7 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
     """`mode=eval` through the CLI on a `[rollout]` scenario: the function's requests reach the
     policy's endpoint and the reward it sets decides pass@k and pass^k (against a reference
     computed from the journaled rows); a second run reuses every rollout."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     from art_rlvr.evaluation import pass_all_k, pass_at_k
 
@@ -256,7 +256,7 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
 
 
 def test_cli_eval_where_every_rollout_fails_exits_with_the_cause(tmp_path: Path) -> None:
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     path = scenario_file(tmp_path, case("raises"))
     args = [f"scenario={path}", "mode=eval", "policy.model=openai/scripted",
@@ -308,7 +308,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rollouts
 def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
     """docs/rollouts.md's OpenAI Agents SDK agent: `mode=rl` through the CLI's main with the
     embedded model; its batch trains on the ids the server sampled (ART's client asks)."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
@@ -336,7 +336,7 @@ def test_cli_rl_on_the_agents_sdk_example(tmp_path: Path, monkeypatch) -> None:
 def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
     """docs/rollouts.md's LangGraph agent through `art.langgraph`: `mode=eval` with two samples
     per item; every rollout ran (none errored) and its episodes were kept."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     monkeypatch.chdir(tmp_path)  # ART's wrap_rollout logs into ./.art/langgraph
     run = tmp_path / "run"
@@ -409,7 +409,7 @@ def test_docs_show_the_examples_verbatim() -> None:
 def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
     tmp_path: Path, function: str, mode: str, message: str
 ) -> None:
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     path = scenario_file(tmp_path, case(function))
     done = cli([f"scenario={path}", f"mode={mode}", f"run_dir={tmp_path / 'run'}"], base_env())

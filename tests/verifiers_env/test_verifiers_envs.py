@@ -259,7 +259,7 @@ def test_cli_eval_reports_pass_at_k_and_resumes(tmp_path: Path) -> None:
     """`mode=eval` through the CLI on `scenario=verifiers:vf_arith` (taskset args as
     `source.` keys) against a scripted policy: pass@k and pass^k equal the reference over the
     journaled rows, and a second session reuses every rollout."""
-    from test_eval_any_model import base_env, cli
+    from clirun import base_env, cli
 
     task = load_any("verifiers:vf_arith", overrides={"n": 10})
     (item,) = task.held_out("val", 1)
