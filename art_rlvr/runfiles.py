@@ -109,6 +109,16 @@ def _line_key(line: dict[str, Any]) -> tuple[Any, ...] | None:
 LEDGER = "art_history.json"  # which ART history records are written (and where one began)
 
 
+def restore_text(path: Path, text: str | None) -> None:
+    """Put a file back as it was (`None`: it did not exist), atomically."""
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{path.name}.restore")  # one name: a redo after a kill replaces it
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """One JSON line, flushed and fsynced: a crash keeps every line that was written whole."""
     with path.open("a") as handle:
@@ -200,23 +210,31 @@ class RunFiles:
     async def log_once(self, model: art.Model, key: str, *args: Any, **kwargs: Any) -> bool:
         """`model.log(*args, **kwargs)` once per `key` over kills and resumes.
 
-        ART appends to its `history.jsonl` (and overwrites the step's parquet), so a redone
-        log would double its row. The ledger records the history's length before each log and
-        the key once it is done: a done key is skipped; a key begun but not done (a kill came
-        during the log) first truncates the history back to where it began. False if skipped.
-        """
+        ART appends to its `history.jsonl`, adds the log into the running totals in its
+        `state.json` (and overwrites the step's parquet), so a redone log would double a row
+        and a total. The ledger records, before each log, the history's length and the state
+        file's text, and the key once it is done: a done key is skipped; a key begun but not
+        done (a kill came during or just after the log) first puts both back as they were.
+        A resumed run's first log is the interrupted one, before ART reads its state. False if
+        skipped."""
         ledger = self.read_json(LEDGER) or {"done": [], "begun": {}}
         if key in ledger["done"]:
             return False
-        history = Path(model.base_path) / model.project / "models" / model.name / "history.jsonl"
-        size = history.stat().st_size if history.exists() else 0
+        folder = Path(model.base_path) / model.project / "models" / model.name
+        history, art_state = folder / "history.jsonl", folder / "state.json"
         if key in ledger["begun"]:
-            size = min(size, ledger["begun"][key])
+            begun = ledger["begun"][key]
+            begun = begun if isinstance(begun, dict) else {"history": begun}  # older ledgers
             if history.exists():
                 with history.open("r+b") as handle:
-                    handle.truncate(size)
+                    handle.truncate(min(history.stat().st_size, begun["history"]))
+            if "state" in begun:
+                restore_text(art_state, begun["state"])
         else:
-            ledger["begun"][key] = size
+            ledger["begun"][key] = {
+                "history": history.stat().st_size if history.exists() else 0,
+                "state": art_state.read_text() if art_state.exists() else None,
+            }
             self.write_json(LEDGER, ledger)
         await model.log(*args, **kwargs)
         del ledger["begun"][key]

@@ -182,11 +182,15 @@ def save(trainee: Trainee, *, optimizer_state: bool) -> None:
 
     ckpt.write_checkpoint(trainee.model_dir, trainee.step, write)
     if optimizer_state:
-        for old in ckpt.list_steps(trainee.model_dir):
-            if old != trainee.step:
-                (ckpt.checkpoint_dir(trainee.model_dir, old) / OPTIMIZER_FILE).unlink(
-                    missing_ok=True
-                )
+        drop_older_optimizer_states(trainee.model_dir, trainee.step)
+
+
+def drop_older_optimizer_states(model_dir: Path, newest: int) -> None:
+    """Only the newest checkpoint keeps its optimizer state (it is as big as the adapter
+    twice over); run again on resume, it finishes a clean-up a kill interrupted."""
+    for old in ckpt.list_steps(model_dir):
+        if old < newest:
+            (ckpt.checkpoint_dir(model_dir, old) / OPTIMIZER_FILE).unlink(missing_ok=True)
 
 
 def optimizer_step(model_dir: Path, upto: int) -> int | None:
@@ -208,6 +212,7 @@ def restore(trainee: Trainee, step: int) -> None:
     if moments is not None:
         path = ckpt.checkpoint_dir(trainee.model_dir, moments) / OPTIMIZER_FILE
         trainee.optimizer.load_state_dict(torch.load(path, weights_only=True))
+        drop_older_optimizer_states(trainee.model_dir, moments)
     if moments != step:
         log.warning(
             "%s resumes at step %d with the optimizer state of step %s (the last saved checkpoint)",

@@ -22,6 +22,7 @@ from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.records import AlarmEvent, TrainEvent
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed, trainable
+from art_rlvr.stored import read_groups
 from art_rlvr.text import prompt_hash
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,15 @@ class StateModel(BaseModel):
 
 class PendingBatch(StateModel):
     """The batch being trained when the state was written (its trajectories are saved as
-    `trajectories/train_pending.jsonl`): the step it trains from and its statistics."""
+    `trajectories/train_pending.jsonl`): the step it trains from and its statistics; once the
+    backend has returned, also the step it landed as, its training metrics and seconds, so a
+    kill while the step is booked loses nothing."""
 
     from_step: int
     stats: dict[str, float]
+    landed_step: int | None = None
+    train_metrics: dict[str, float] | None = None
+    seconds: float = 0.0
 
 
 class TrainState(StateModel):
@@ -135,7 +141,7 @@ async def train_until[S: TrainState](
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
     )
     if state.pending is not None:
-        state = recover_pending(ctx, state, state.pending, step)
+        state = await recover_pending(ctx, state, state.pending, step)
 
     def stage(groups: list[art.TrajectoryGroup], stats: dict[str, float]) -> None:
         ctx.files.write_trajectories(PENDING, groups)
@@ -155,12 +161,17 @@ async def train_until[S: TrainState](
             ctx, step, system_prompt=system_prompt, sampling=sampling, before_train=stage
         )
         groups, stats, result = done.groups, done.stats, done.result
-        step = result.step
         seconds = time.monotonic() - began
-        state = record_step(ctx, state, step, stats, result.metrics, seconds)
-        await ctx.files.log_once(
-            ctx.model, f"train/{step}", groups, metrics=result.metrics, step=step, split="train"
+        landed = PendingBatch(
+            from_step=step,
+            stats=stats,
+            landed_step=result.step,
+            train_metrics=result.metrics,
+            seconds=seconds,
         )
+        ctx.files.write_state(STATE, state.model_copy(update={"pending": landed}))
+        step = result.step
+        state = await book_step(ctx, state, step, landed, groups)
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
             "loss %.4f %.1fs, ETA %s",
@@ -181,6 +192,23 @@ STATE = "state.json"
 PENDING = "train_pending"  # the batch being trained: its trajectories, until the step lands
 
 
+async def book_step[S: TrainState](
+    ctx: RunContext,
+    state: S,
+    step: int,
+    pending: PendingBatch,
+    groups: Sequence[art.TrajectoryGroup],
+) -> S:
+    """Book a step whose checkpoint landed: ART's log of its batch (once: `log_once`), its
+    metrics line (once), its trajectories, then the state without the pending batch. Each
+    write is atomic or rolled back, so a kill anywhere here is redone by the resume whole."""
+    train_metrics = pending.train_metrics or {}
+    await ctx.files.log_once(
+        ctx.model, f"train/{step}", list(groups), metrics=train_metrics, step=step, split="train"
+    )
+    return record_step(ctx, state, step, pending.stats, train_metrics, pending.seconds)
+
+
 def record_step[S: TrainState](
     ctx: RunContext,
     state: S,
@@ -189,8 +217,8 @@ def record_step[S: TrainState](
     train_metrics: dict[str, float],
     seconds: float,
 ) -> S:
-    """Book a finished step: its metrics line (once), its trajectories, then the state without
-    the pending batch. Each write is atomic and the order makes a repeat after a kill a no-op."""
+    """Book a finished step in the run folder: its metrics line (once), its trajectories, then
+    the state without the pending batch. The order makes a repeat after a kill a no-op."""
     ctx.files.append_event(  # once: a step booked before a kill is not booked again
         TrainEvent.model_validate(  # the batch's stats and `train/*` are open-ended: a dict
             {
@@ -218,22 +246,32 @@ def record_step[S: TrainState](
     return state
 
 
-def recover_pending[S: TrainState](
+async def recover_pending[S: TrainState](
     ctx: RunContext, state: S, pending: PendingBatch, step: int
 ) -> S:
-    """A kill came while a batch was being trained. If its checkpoint landed, book the step
-    from the saved batch (the backend's loss and token count for it are lost, and said so);
-    if not, forget it: the batch is a pure function of (seed, step) and is drawn again."""
+    """A kill came while a batch was being trained or booked. If its checkpoint landed, book
+    the step from the saved batch (with the backend's metrics if they were saved; if the kill
+    came between the checkpoint and that save, they are lost, and the record says so); if
+    not, forget it: the batch is a pure function of (seed, step) and is drawn again."""
     if step <= pending.from_step:
         log.info("resuming: the batch for step %d had not trained; drawing it again", step + 1)
         return state.model_copy(update={"pending": None})
-    log.warning(
-        "resuming: step %d had trained before the kill; booking it from its saved batch "
-        "(its loss and token count are lost)",
-        step,
-    )
-    stats = {**pending.stats, "recovered_after_kill": 1.0}
-    return record_step(ctx, state, step, stats, {}, 0.0)
+    folder = ctx.files.root / "trajectories"
+    saved = [p for p in (folder / f"{PENDING}.jsonl", folder / f"train_{step:04d}.jsonl")
+             if p.exists()]  # fmt: skip
+    groups = [g.to_art() for g in read_groups(saved[0])] if saved else []
+    if pending.train_metrics is None:
+        log.warning(
+            "resuming: step %d had trained before the kill; booking it from its saved batch "
+            "(its loss and token count are lost)",
+            step,
+        )
+        pending = pending.model_copy(
+            update={"stats": {**pending.stats, "recovered_after_kill": 1.0}, "train_metrics": {}}
+        )
+    else:
+        log.info("resuming: booking step %d, which had trained before the kill", step)
+    return await book_step(ctx, state, step, pending, groups)
 
 
 def eta(step_seconds: Sequence[float], remaining: int) -> str:

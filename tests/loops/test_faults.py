@@ -181,13 +181,16 @@ async def test_policy_output_nothing_cut_off_or_garbage_scores_without_raising(
 # ---- a kill after the checkpoint landed, before the step was booked ----------------------
 
 
+@pytest.mark.parametrize("metrics_saved", [False, True])
 async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
-    backend, make_model, task, tmp_path: Path
+    backend, make_model, task, tmp_path: Path, metrics_saved: bool
 ) -> None:
     """The state a kill leaves in that window (the checkpoint of step 1 is on disk; the batch
     is saved as pending; no metrics line, no trajectory file): the resumed run books step 1
-    from the saved batch, once, and trains nothing again."""
-    model = await make_model("pending")
+    from the saved batch, once, and trains nothing again. A kill right after the checkpoint
+    loses the backend's metrics (and says so); once they are saved beside the pending batch,
+    the booked step carries them as an unkilled run does."""
+    model = await make_model(f"pending-{metrics_saved}")
     words = ["mode=rl", f"run_dir={tmp_path}", "n_batches=1", "eval_every=1", "val_limit=2",
              "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
     files = RunFiles(tmp_path)
@@ -201,14 +204,24 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     rows = [r for r in files.metrics() if r["event"] != "train"]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     stats = {k: v for k, v in train.items() if k in {"reward_mean", "trajectories", "accuracy"}}
-    state |= {"pending": {"from_step": 0, "stats": stats}, "rollouts": 0, "step_seconds": []}
-    state |= {"train_rewards": {}}
+    pending = {"from_step": 0, "stats": stats}
+    trained = {k.removeprefix("train/"): v for k, v in train.items() if k.startswith("train/")}
+    if metrics_saved:
+        pending |= {"landed_step": 1, "train_metrics": trained, "seconds": 1.0}
+    state |= {"pending": pending, "rollouts": 0, "step_seconds": [], "train_rewards": {}}
     (tmp_path / "state.json").write_text(json.dumps(state))
 
     files = RunFiles(tmp_path)  # the restarted process reads the rewound folder afresh
     again = await run_phases(RunContext(parse_args(words), task, backend, model, files, 0.0))
     booked = [r for r in files.metrics() if r["event"] == "train"]
-    assert [(r["step"], r["recovered_after_kill"]) for r in booked] == [(1, 1.0)]
+    assert [(r["step"], r.get("recovered_after_kill")) for r in booked] == [
+        (1, None if metrics_saved else 1.0)
+    ]
+    assert ("train/loss" in booked[0]) == metrics_saved
+    if metrics_saved:
+        assert {k: v for k, v in booked[0].items() if k.startswith("train/")} == {
+            k: v for k, v in train.items() if k.startswith("train/")
+        }
     assert (trajectories / "train_0001.jsonl").exists()
     assert not (trajectories / "train_pending.jsonl").exists()
     assert await model.get_step() == 1 and again["steps"] == first["steps"] == 1

@@ -250,6 +250,44 @@ async def test_an_art_history_row_a_kill_interrupted_is_written_once(tmp_path: P
     }  # fmt: skip
 
 
+def art_state(model: art.Model) -> Any:
+    path = Path(model.base_path) / model.project / "models" / model.name / "state.json"
+    return json.loads(path.read_text())
+
+
+async def test_a_log_a_kill_left_unrecorded_is_redone_without_doubling_arts_totals(
+    tmp_path: Path,
+) -> None:
+    """ART's log also adds into running totals in its state.json (`data/cum/*`). A kill after
+    the whole log, before the ledger said it was done: the resumed `log_once` puts the history
+    and the totals back as they were, then logs once; totals and rows equal a run never
+    killed (before, the totals counted the step twice). A train log: its totals are ART's
+    `data/cum/*` counts."""
+    split = "train"
+    once = art.Model(name="m", project="p", base_path=str(tmp_path / "once"))
+    clean = RunFiles(tmp_path / "clean")
+    for step, reward in [(0, 1.0), (1, 0.0)]:
+        await clean.log_once(once, f"{split}/{step}", groups(reward), split=split, step=step)
+
+    killed = art.Model(name="m", project="p", base_path=str(tmp_path / "killed"))
+    files = RunFiles(tmp_path / "run")
+    await files.log_once(killed, f"{split}/0", groups(1.0), split=split, step=0)
+    began = art_state(killed)
+    await files.log_once(killed, f"{split}/1", groups(0.0), split=split, step=1)
+    ledger = json.loads((tmp_path / "run" / LEDGER).read_text())  # as the kill left it
+    ledger["done"].remove(f"{split}/1")
+    path = Path(killed.base_path) / "p" / "models" / "m" / "history.jsonl"
+    size = len(path.read_text().splitlines()[0]) + 1
+    ledger["begun"][f"{split}/1"] = {"history": size, "state": json.dumps(began)}
+    (tmp_path / "run" / LEDGER).write_text(json.dumps(ledger))
+
+    resumed = art.Model(name="m", project="p", base_path=str(tmp_path / "killed"))
+    again = RunFiles(tmp_path / "run")
+    assert await again.log_once(resumed, f"{split}/1", groups(0.0), split=split, step=1)
+    assert art_state(resumed) == art_state(once)
+    assert history(resumed) == history(once)
+
+
 def test_temporary_files_a_kill_left_are_swept_when_the_folder_opens(tmp_path: Path) -> None:
     (tmp_path / "trajectories").mkdir()
     stale = [tmp_path / ".state.json.x1y2z3", tmp_path / "trajectories" / "val_0000.jsonl.tmp"]
