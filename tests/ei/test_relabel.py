@@ -1,4 +1,4 @@
-"""Expert iteration over multi-turn `arith_retry` episodes: the hint goes into the opening only,
+"""Relabelling whole episodes (`ei.relabel`) in EI rounds on multi-turn `arith_retry`: the hint goes into the opening only,
 the teacher sees the whole failed episode, a relabelled episode keeps every turn and loses the
 hint, a hint quoted in a later turn is caught, and SFT trains every assistant turn.
 

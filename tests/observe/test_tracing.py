@@ -1,4 +1,4 @@
-"""Weave spans of multi-turn scenarios (issue 21, "Seeing it"): a rollout of `calc` (a tool
+"""`observe.tracing`: Weave spans of multi-turn scenarios (issue 21, "Seeing it"): a rollout of `calc` (a tool
 call that works, one that fails, then the answer) and of `arith_retry` (a wrong answer, the
 environment's feedback, the right one) traced to a recording trace server on loopback. Each
 episode is one `art_rlvr.episode` span under its `art_rlvr.rollout`, with one `art_rlvr.turn`

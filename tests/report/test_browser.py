@@ -1,4 +1,4 @@
-"""The report on multi-turn runs (issue 21, "Seeing it"): the trajectory browser shows whole
+"""The report's trajectory browser and episode curves on multi-turn runs: the browser shows whole
 episodes (every turn, tool calls with their arguments, tool results, the environment's
 messages, the logs) and the curves of turns, tool calls, tool errors and illegal actions per
 episode, plus a mixture's accuracy per scenario.

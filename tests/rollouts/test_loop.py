@@ -1,4 +1,4 @@
-"""Episodes with tools against a scripted OpenAI-compatible server on loopback: what the model
+"""The one rollout loop (`rollouts.loop.run_episode`): episodes with tools against a scripted OpenAI-compatible server on loopback: what the model
 is sent, what the trajectory keeps, and a defined outcome for every kind of bad input."""
 
 from __future__ import annotations
