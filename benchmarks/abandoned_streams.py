@@ -2,11 +2,16 @@
 TorchBackend's server (real HTTP on loopback), in one process.
 
 - `alone`: `n` streaming clients, each reading all `--tokens` forced tokens;
-- `with quitters`: the same `n` clients, plus `n` more that hang up after 4 tokens.
+- `with quitters`: the same `n` clients, plus `n` more that hang up after 4 tokens;
+- `with short ones`: the same `n` clients, plus `n` more that ask for 4 tokens and read them
+  all: the same extra work (their prompts, 4 tokens each) with each row freed the moment its
+  last token is sampled, the best an engine can do for a client that leaves after 4 tokens.
 
-The figure is the survivors' throughput (their tokens / the time until the last of them is
-done) with quitters over the same clients alone: 1.0 when an abandoned stream costs nothing
-after its client leaves. Settings alternate within each repeat; prints the median ratio.
+The figures are the survivors' throughput (their tokens / the time until the last of them is
+done) with quitters over the same clients alone (1.0 only if the quitters' prompts and first
+tokens cost nothing), and with quitters over with short ones: 1.0 when a row is freed as soon
+as its client has gone (the engine's part). Settings alternate within each repeat; prints
+median ratios.
 
     uv run python benchmarks/abandoned_streams.py [--clients 128] [--tokens 32] [--repeats 2]
 """
@@ -44,8 +49,11 @@ async def stream(client: httpx.AsyncClient, body: dict, stop_after: int | None) 
     return tokens
 
 
-async def survivors_rate(client: httpx.AsyncClient, body: dict, n: int, quitters: int) -> float:
-    """The `n` survivors' tokens a second, `quitters` more clients hanging up beside them."""
+async def survivors_rate(
+    client: httpx.AsyncClient, body: dict, n: int, quitters: int, *, hang_up: bool = True
+) -> float:
+    """The `n` survivors' tokens a second, `quitters` more clients beside them that hang up
+    after `QUIT_AFTER` tokens (`hang_up`) or ask for only that many."""
     started = time.perf_counter()
 
     async def survivor(i: int) -> float:
@@ -53,7 +61,9 @@ async def survivors_rate(client: httpx.AsyncClient, body: dict, n: int, quitters
         assert tokens == body["max_tokens"], tokens  # every forced token arrived
         return time.perf_counter()
 
-    quits = [stream(client, {**body, "seed": n + i}, QUIT_AFTER) for i in range(quitters)]
+    short = body if hang_up else {**body, "max_tokens": QUIT_AFTER}
+    stop_after = QUIT_AFTER if hang_up else None
+    quits = [stream(client, {**short, "seed": n + i}, stop_after) for i in range(quitters)]
     done = await asyncio.gather(*[survivor(i) for i in range(n)], *quits)
     return n * body["max_tokens"] / (max(done[:n]) - started)
 
@@ -82,7 +92,7 @@ async def main() -> None:
         }
         headers = {"Authorization": f"Bearer {model.inference_api_key}"}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        rates: dict[str, list[float]] = {"alone": [], "with quitters": []}
+        rates: dict[str, list[float]] = {"alone": [], "with quitters": [], "with short ones": []}
         async with httpx.AsyncClient(
             base_url=model.inference_base_url, headers=headers, timeout=1800, limits=limits
         ) as client:
@@ -92,11 +102,15 @@ async def main() -> None:
                 rates["with quitters"].append(
                     await survivors_rate(client, body, args.clients, args.clients)
                 )
+                rates["with short ones"].append(
+                    await survivors_rate(client, body, args.clients, args.clients, hang_up=False)
+                )
         engine = next(iter(backend._bases.values())).engine
         cancelled = engine.stats.cancelled_requests
         await backend.close()
-    pairs = zip(rates["alone"], rates["with quitters"], strict=True)
-    ratio = statistics.median(quit / alone for alone, quit in pairs)
+    runs = list(zip(rates["alone"], rates["with quitters"], rates["with short ones"], strict=True))
+    ratio = statistics.median(quit / alone for alone, quit, _ in runs)
+    engine_ratio = statistics.median(quit / short for _, quit, short in runs)
     print(f"{args.clients} streaming clients x {args.tokens} tokens, median of {args.repeats}")
     for name, values in rates.items():
         print(f"  {name:>13}: survivors {statistics.median(values):6.1f} tok/s")
@@ -104,6 +118,7 @@ async def main() -> None:
         f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f}; "
         f"{cancelled} requests cancelled; load average at the end: {os.getloadavg()[0]:.2f}"
     )
+    print(f"with quitters / with clients that end after {QUIT_AFTER} tokens: {engine_ratio:.2f}")
 
 
 if __name__ == "__main__":
