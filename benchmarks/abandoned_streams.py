@@ -8,10 +8,14 @@ TorchBackend's server (real HTTP on loopback), in one process.
   last token is sampled, the best an engine can do for a client that leaves after 4 tokens.
 
 The figures are the survivors' throughput (their tokens / the time until the last of them is
-done) with quitters over the same clients alone (1.0 only if the quitters' prompts and first
-tokens cost nothing), and with quitters over with short ones: 1.0 when a row is freed as soon
-as its client has gone (the engine's part). Settings alternate within each repeat; prints
-median ratios.
+done) with quitters over the same clients alone, and with quitters over with short ones: 1.0
+when a row is freed as soon as its client has gone (the engine's part). The engine also counts
+the tokens it sampled for the extra clients: 4.0 a quitter means none after its hang-up.
+
+With more clients than the engine's rows (64 by default), every row-step a quitter takes is
+one a survivor waits for, so with quitters / alone cannot pass n*T / (n*T + n*4) (0.89 at the
+defaults) even if a row were freed the instant its client left; the script prints that bound.
+Settings alternate within each repeat; prints median ratios.
 
     uv run python benchmarks/abandoned_streams.py [--clients 128] [--tokens 32] [--repeats 2]
 """
@@ -30,6 +34,7 @@ import art
 import httpx
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
+from art_rlvr.backend.engine import GenerationEngine
 
 QUIT_AFTER = 4  # tokens a quitter reads before it hangs up
 
@@ -50,10 +55,18 @@ async def stream(client: httpx.AsyncClient, body: dict, stop_after: int | None) 
 
 
 async def survivors_rate(
-    client: httpx.AsyncClient, body: dict, n: int, quitters: int, *, hang_up: bool = True
-) -> float:
+    client: httpx.AsyncClient,
+    engine: GenerationEngine,
+    body: dict,
+    n: int,
+    quitters: int,
+    *,
+    hang_up: bool = True,
+) -> tuple[float, float]:
     """The `n` survivors' tokens a second, `quitters` more clients beside them that hang up
-    after `QUIT_AFTER` tokens (`hang_up`) or ask for only that many."""
+    after `QUIT_AFTER` tokens (`hang_up`) or ask for only that many; and the tokens the engine
+    sampled for each of those (0.0 without them)."""
+    sampled = engine.stats.completion_tokens
     started = time.perf_counter()
 
     async def survivor(i: int) -> float:
@@ -65,7 +78,11 @@ async def survivors_rate(
     stop_after = QUIT_AFTER if hang_up else None
     quits = [stream(client, {**short, "seed": n + i}, stop_after) for i in range(quitters)]
     done = await asyncio.gather(*[survivor(i) for i in range(n)], *quits)
-    return n * body["max_tokens"] / (max(done[:n]) - started)
+    rate = n * body["max_tokens"] / (max(done[:n]) - started)
+    while engine.stats.running_rows or engine._pending:  # the last dropped rows
+        await asyncio.sleep(0.05)
+    extra = engine.stats.completion_tokens - sampled - n * body["max_tokens"]
+    return rate, extra / quitters if quitters else 0.0
 
 
 async def main() -> None:
@@ -92,30 +109,39 @@ async def main() -> None:
         }
         headers = {"Authorization": f"Bearer {model.inference_api_key}"}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        rates: dict[str, list[float]] = {"alone": [], "with quitters": [], "with short ones": []}
+        engine = next(iter(backend._bases.values())).engine
+        settings = {"alone": (0, True), "with quitters": (args.clients, True)}
+        settings["with short ones"] = (args.clients, False)
+        rates: dict[str, list[float]] = {name: [] for name in settings}
+        sampled: dict[str, list[float]] = {name: [] for name in settings}
         async with httpx.AsyncClient(
             base_url=model.inference_base_url, headers=headers, timeout=1800, limits=limits
         ) as client:
-            await survivors_rate(client, body, 8, 0)  # warm-up: connections, first batch
+            await survivors_rate(client, engine, body, 8, 0)  # warm-up: connections, first batch
             for _ in range(args.repeats):
-                rates["alone"].append(await survivors_rate(client, body, args.clients, 0))
-                rates["with quitters"].append(
-                    await survivors_rate(client, body, args.clients, args.clients)
-                )
-                rates["with short ones"].append(
-                    await survivors_rate(client, body, args.clients, args.clients, hang_up=False)
-                )
-        engine = next(iter(backend._bases.values())).engine
+                for name, (quitters, hang_up) in settings.items():
+                    rate, each = await survivors_rate(
+                        client, engine, body, args.clients, quitters, hang_up=hang_up
+                    )
+                    rates[name].append(rate)
+                    sampled[name].append(each)
         cancelled = engine.stats.cancelled_requests
+        rows = engine.max_batch_rows
         await backend.close()
     runs = list(zip(rates["alone"], rates["with quitters"], rates["with short ones"], strict=True))
     ratio = statistics.median(quit / alone for alone, quit, _ in runs)
     engine_ratio = statistics.median(quit / short for _, quit, short in runs)
     print(f"{args.clients} streaming clients x {args.tokens} tokens, median of {args.repeats}")
     for name, values in rates.items():
-        print(f"  {name:>13}: survivors {statistics.median(values):6.1f} tok/s")
+        extra = f", {max(sampled[name]):.2f} tokens sampled for each extra client at most"
+        print(
+            f"  {name:>15}: survivors {statistics.median(values):6.1f} tok/s{extra * (name != 'alone')}"
+        )
+    survivors = args.clients * args.tokens
+    bound = survivors / (survivors + args.clients * QUIT_AFTER)
     print(
-        f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f}; "
+        f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f} "
+        f"(at most {bound:.2f} with more clients than the engine's {rows} rows); "
         f"{cancelled} requests cancelled; load average at the end: {os.getloadavg()[0]:.2f}"
     )
     print(f"with quitters / with clients that end after {QUIT_AFTER} tokens: {engine_ratio:.2f}")

@@ -8,9 +8,14 @@ other process needs. art_rlvr sets `GOMP_SPINCOUNT=1000` when it is imported bef
 - `alone`: one `python -m art_rlvr.run scenario=arith mode=eval` (process start to end);
 - `pair`: two of them started together; `pair / alone` is 2.0 if the cores were simply shared.
 
+`--default-run` times the README's command 1 instead (`scenario=arith`, the whole default RL
+run: 24 steps and 4 evaluations, ~7 min alone on 2 idle cores) at art_rlvr's own spin setting:
+a user's run beside a second one.
+
 Settings alternate within each repeat; the machine should be otherwise idle.
 
     uv run python benchmarks/shared_cores.py [--val-limit 30] [--spins 300000 1000] [--repeats 1]
+    uv run python benchmarks/shared_cores.py --default-run
 """
 
 from __future__ import annotations
@@ -25,26 +30,31 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+DEFAULT_SPINS = "default"  # leave GOMP_SPINCOUNT to art_rlvr (what a user's run gets)
 
-def evaluation(spins: str, val_limit: int, run_dir: Path) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "art_rlvr.run", "scenario=arith", "mode=eval", "eval_test=false",
-        f"val_limit={val_limit}", f"run_dir={run_dir}",
-    ]  # fmt: skip
-    env = {**os.environ, "GOMP_SPINCOUNT": spins}
+
+def started_run(spins: str, val_limit: int | None, run_dir: Path) -> subprocess.Popen:
+    """A CLI evaluation of `val_limit` val prompts, or with None the whole default run."""
+    command = [sys.executable, "-m", "art_rlvr.run", "scenario=arith", f"run_dir={run_dir}"]
+    if val_limit is not None:
+        command += ["mode=eval", "eval_test=false", f"val_limit={val_limit}"]
+    env = dict(os.environ)
+    env.pop("GOMP_SPINCOUNT", None)
+    if spins != DEFAULT_SPINS:
+        env["GOMP_SPINCOUNT"] = spins
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def timed(spins: str, val_limit: int, count: int, tmp: Path) -> float:
-    """Seconds until all `count` evaluations started together have finished."""
+def timed(spins: str, val_limit: int | None, count: int, tmp: Path) -> float:
+    """Seconds until all `count` runs started together have finished."""
     started = time.perf_counter()
     runs = [
-        evaluation(spins, val_limit, tmp / f"{spins}-{time.time_ns()}-{i}") for i in range(count)
+        started_run(spins, val_limit, tmp / f"{spins}-{time.time_ns()}-{i}") for i in range(count)
     ]
     for run in runs:
         _, err = run.communicate()
         if run.returncode != 0:
-            raise SystemExit(f"an evaluation failed:\n{err.decode()[-2000:]}")
+            raise SystemExit(f"a run failed:\n{err.decode()[-2000:]}")
     return time.perf_counter() - started
 
 
@@ -53,14 +63,19 @@ def main() -> None:
     parser.add_argument("--val-limit", type=int, default=30)
     parser.add_argument("--spins", nargs="+", default=["300000", "1000"])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--default-run", action="store_true", help="time README command 1")
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, {args.val_limit} val prompts")
+    val_limit = None if args.default_run else args.val_limit
+    if args.default_run:
+        args.spins = [DEFAULT_SPINS]
+    what = "the default run" if val_limit is None else f"{val_limit} val prompts"
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, {what}", flush=True)
     seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             for spins in args.spins:
                 for label, count in (("alone", 1), ("pair", 2)):
-                    seconds[(spins, label)].append(timed(spins, args.val_limit, count, Path(tmp)))
+                    seconds[(spins, label)].append(timed(spins, val_limit, count, Path(tmp)))
     for spins in args.spins:
         alone = statistics.median(seconds[(spins, "alone")])
         pair = statistics.median(seconds[(spins, "pair")])

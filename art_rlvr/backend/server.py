@@ -405,6 +405,13 @@ async def _sse(
     yield "data: [DONE]\n\n"
 
 
+IDLE_CONNECTION_SECONDS = 75
+"""How long an idle keep-alive connection stays open (nginx's default). uvicorn's own 5 s equals
+httpx's `keepalive_expiry` (the OpenAI SDK's transport), so a client could pick up a pooled
+connection just as the server closed it and see `ReadError` on a busy machine; longer than
+common clients' expiry (httpx 5 s, aiohttp 15 s), the client always retires it first."""
+
+
 class ServerThread:
     """Runs uvicorn on 127.0.0.1 (ephemeral port) in a daemon thread with its own loop."""
 
@@ -413,7 +420,13 @@ class ServerThread:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         self.host, self.port = self._socket.getsockname()
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=IDLE_CONNECTION_SECONDS,
+        )
         self._server = uvicorn.Server(config)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="art-rlvr-server", daemon=True)

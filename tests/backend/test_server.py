@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoint, exercised over real HTTP on loopback."""
 
 import asyncio
+import http.client
 import time
 from urllib.parse import urlparse
 
@@ -25,6 +26,33 @@ async def test_listens_on_loopback_only_and_lists_models(model) -> None:
     assert url.hostname == "127.0.0.1"
     listing = await model.openai_client().models.list()
     assert model.get_inference_name() in [m.id for m in listing.data]
+
+
+HTTPX_KEEPALIVE_EXPIRY = 5.0  # httpx.Limits' default, the OpenAI SDK's transport
+
+
+async def test_an_idle_connection_outlives_the_clients_keepalive_expiry(model) -> None:
+    """A pooled connection idle for longer than httpx's expiry is still served: the client
+    retires it first, never the server while a request is on its way (uvicorn's default of
+    5 s made busy benchmarks fail with httpx.ReadError)."""
+    assert httpx.Limits().keepalive_expiry == HTTPX_KEEPALIVE_EXPIRY
+    url = urlparse(model.inference_base_url)
+    headers = {"Authorization": f"Bearer {model.inference_api_key}"}
+
+    def two_requests_on_one_connection() -> list[tuple[int, object]]:
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        answers = []
+        for pause in (0.0, HTTPX_KEEPALIVE_EXPIRY + 1):
+            time.sleep(pause)
+            connection.request("GET", "/v1/models", headers=headers)
+            response = connection.getresponse()  # RemoteDisconnected had the server closed it
+            response.read()
+            answers.append((response.status, connection.sock))
+        connection.close()
+        return answers
+
+    (first, sock), (second, same_sock) = await asyncio.to_thread(two_requests_on_one_connection)
+    assert (first, second) == (200, 200) and same_sock is sock  # one connection, kept open
 
 
 async def test_n_choices_with_token_metadata_and_usage(model) -> None:
