@@ -15,9 +15,12 @@ the tokens it sampled for the extra clients: 4.0 a quitter means none after its 
 With more clients than the engine's rows (64 by default), every row-step a quitter takes is
 one a survivor waits for, so with quitters / alone cannot pass n*T / (n*T + n*4) (0.89 at the
 defaults) even if a row were freed the instant its client left; the script prints that bound.
+With `--rows` at least twice `--clients` every client has a row from the start and the bound
+does not apply.
 Settings alternate within each repeat; prints median ratios.
 
     uv run python benchmarks/abandoned_streams.py [--clients 128] [--tokens 32] [--repeats 2]
+        [--rows 64]
 """
 
 from __future__ import annotations
@@ -90,10 +93,11 @@ async def main() -> None:
     parser.add_argument("--clients", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=64, help="the engine's max batch rows")
     args = parser.parse_args()
     print(f"load average at the start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
-        backend = TorchBackend(path=tmp)
+        backend = TorchBackend(path=tmp, max_batch_rows=args.rows)
         model = art.TrainableModel(
             name="bench", project="bench", run_name="bench", base_model=DEFAULT_BASE_MODEL
         )
@@ -139,10 +143,11 @@ async def main() -> None:
         )
     survivors = args.clients * args.tokens
     bound = survivors / (survivors + args.clients * QUIT_AFTER)
+    crowded = 2 * args.clients > rows
     print(
-        f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f} "
-        f"(at most {bound:.2f} with more clients than the engine's {rows} rows); "
-        f"{cancelled} requests cancelled; load average at the end: {os.getloadavg()[0]:.2f}"
+        f"with {args.clients} quitters (after {QUIT_AFTER} tokens) / alone: {ratio:.2f}"
+        + (f" (at most {bound:.2f}: more clients than the engine's {rows} rows)" * crowded)
+        + f"; {cancelled} requests cancelled; load average at the end: {os.getloadavg()[0]:.2f}"
     )
     print(f"with quitters / with clients that end after {QUIT_AFTER} tokens: {engine_ratio:.2f}")
 
