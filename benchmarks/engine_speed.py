@@ -325,6 +325,7 @@ async def main() -> None:
             runs["hf_generate_batch"] = lambda b: cb_rate(cb_model, prompts[b], args.tokens)
         rates: dict[tuple[str, int, str], list[float]] = defaultdict(list)
         conditions = ["idle", *([args.competitor] if args.competitor else [])]
+        tuned: list[str] = []
         for _ in range(args.repeats):
             for condition in conditions:
                 with competing(condition):
@@ -333,6 +334,8 @@ async def main() -> None:
                             value = run(b)
                             rate = await value if asyncio.iscoroutine(value) else value
                             rates[(name, b, condition)].append(rate)
+                            if name == "engine":  # where the tuner stood after each run
+                                tuned.append(f"{condition}:{engine.tuner.current}")
         print(f"tokens/s, {args.tokens} forced tokens a request, median of {args.repeats}; ratio")
         print("= median over repeats of rate / hf_generate at the same batch in that repeat")
         ratios: dict[tuple[str, int, str], float] = {}
@@ -352,6 +355,10 @@ async def main() -> None:
             for b in args.batches:
                 busy, idle = ratios[("engine", b, args.competitor)], ratios[("engine", b, "idle")]
                 print(f"batch {b:>3}: {busy:.2f}x / {idle:.2f}x = {busy / idle:.2f}")
+        print(
+            f"engine's thread tuner: {engine.tuner.switches} switches; threads after each run "
+            f"(condition:threads): {' '.join(tuned)}"
+        )
         if args.profile:
             b = max(args.batches)
             await profile(engine, base, prompts[b], args.tokens, "engine")

@@ -3,8 +3,9 @@
 On an idle machine every core helps; beside another busy process (a browser, an IDE, a second
 run) a decode step's many small parallel regions each wait at a barrier for a thread the OS has
 descheduled, and one thread can be faster than two. The load cannot be read cheaply and
-reliably, so the engine measures: now and then one step runs at the other thread count, and
-the count whose steps are faster (a running mean of the two steps' time ratio) is kept.
+reliably, so the engine measures: now and then two steps run at the other thread count, and
+the count whose steps are faster (a running mean of the steps' time ratio, the switch's own
+step left out) is kept.
 
 Only the engine's own thread changes (OpenMP's thread count is per calling thread), but torch
 also keeps the last count set as the default of threads that have not used torch yet: the
@@ -43,10 +44,13 @@ def usable_cores() -> int:
 class ThreadTuner:
     """Picks the engine thread's intra-op thread count between 1 and `most`.
 
-    Every `explore_every` steps (more often while the two are close) one step runs at the
-    other count; its time over the step just before it (same rows, one more key) updates a
-    running mean of the log time ratio, and the other count takes over once it is the faster
-    by `margin`. Steps whose row count differs from the one before are not compared.
+    Every `explore_every` steps (more often while the two are close) two steps run at the other
+    count. The first pays for the switch (a sleeping OpenMP thread wakes, caches refill): timed
+    against the current count it made two threads look no faster than one on an idle machine,
+    and the engine stayed at one thread, 18 % slower. The second step's time over the last step
+    at the current count (same rows) updates a running mean of the log time ratio, and the
+    other count takes over once it is the faster by `margin` over at least `min_samples`
+    comparisons. Steps whose row count differs from that step's are not compared.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class ThreadTuner:
         explore_every: int = 24,
         margin: float = 0.05,
         smoothing: float = 0.3,
+        min_samples: int = 3,
     ) -> None:
         self.most = max(1, most)
         self.fixed = fixed
@@ -64,10 +69,13 @@ class ThreadTuner:
         self.explore_every = explore_every
         self.margin = math.log1p(margin)
         self.smoothing = smoothing
+        self.min_samples = min_samples
         self.log_ratio = 0.0  # running mean of log(other's step time / current's)
         self.switches = 0
         self._steps = 0
-        self._last: tuple[int, int, float] | None = None  # (threads, rows, seconds)
+        self._samples = 0  # comparisons since the last switch
+        self._previous: int | None = None  # the last step's thread count
+        self._baseline: tuple[int, float] | None = None  # (rows, seconds) at the current count
 
     @property
     def other(self) -> int:
@@ -79,8 +87,8 @@ class ThreadTuner:
             return self.current
         self._steps += 1
         close = abs(self.log_ratio) < 2 * self.margin
-        every = self.explore_every // 3 if close else self.explore_every
-        return self.other if self._steps % max(2, every) == 0 else self.current
+        every = max(3, self.explore_every // 3 if close else self.explore_every)
+        return self.other if self._steps % every in (0, 1) else self.current
 
     def verify(self, compute: Callable[[], torch.Tensor]) -> None:
         """Fix the count unless `compute` (a forward on the engine's path, run in the engine's
@@ -102,15 +110,23 @@ class ThreadTuner:
 
     def record(self, threads: int, rows: int, seconds: float) -> None:
         """One decode step's wall time; may switch the current count."""
-        last, self._last = self._last, (threads, rows, seconds)
-        if last is None or threads != self.other or last[0] != self.current or last[1] != rows:
+        previous, self._previous = self._previous, threads
+        if threads == self.current:
+            self._baseline = (rows, seconds)
             return
-        ratio = math.log(max(seconds, 1e-9) / max(last[2], 1e-9))
+        if threads != self.other or previous != threads:  # the switch's own step
+            return
+        if self._baseline is None or self._baseline[0] != rows:
+            return
+        ratio = math.log(max(seconds, 1e-9) / max(self._baseline[1], 1e-9))
         self.log_ratio += self.smoothing * (ratio - self.log_ratio)
-        if self.log_ratio < -self.margin:
+        self._samples += 1
+        if self.log_ratio < -self.margin and self._samples >= self.min_samples:
             self.current = self.other
             self.log_ratio = -self.log_ratio  # the same evidence, seen from the new count
             self.switches += 1
+            self._samples = 0
+            self._baseline = (rows, seconds)
 
 
 def set_threads(threads: int) -> None:
