@@ -6,6 +6,9 @@ batch, in one process, on the same weights, prompts and forced token count:
   `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
 - `engine_fixed_threads`: the same engine with its thread count fixed at every usable core
   (the engine picks its count by timing its own steps: `art_rlvr/backend/threads.py`);
+- `engine_tuner_before`: the same engine with the `ThreadTuner` of the module at
+  `--tuner-before` (e.g. `git show HEAD:art_rlvr/backend/threads.py > /tmp/threads_before.py`):
+  two tuning policies side by side, each on its own engine, seeing the same conditions;
 - `engine_not_invariant`: the same engine with `batch_invariant=False` (on CPU the engine is
   batch-invariant by default: row-wise attention, no shared-prefix prefill), the price of it;
 - `http`: the same requests through TorchBackend's OpenAI-compatible server (OpenAI SDK);
@@ -15,7 +18,8 @@ batch, in one process, on the same weights, prompts and forced token count:
 - llama.cpp's single stream on the same GGUF file, when `--llama-python` can import llama_cpp.
 
     uv run python benchmarks/engine_speed.py [--tokens 32] [--batches 1 8 32] [--repeats 2]
-        [--before /tmp/engine_before.py] [--llama-python /tmp/llama/bin/python] [--profile]
+        [--before /tmp/engine_before.py] [--tuner-before /tmp/threads_before.py]
+        [--llama-python /tmp/llama/bin/python] [--profile]
         [--competitor nice|run]
 
 `--competitor` measures every setting twice per repeat, idle and beside a competing process on
@@ -164,6 +168,19 @@ def competing(condition: str) -> Iterator[None]:
         thread.join()
 
 
+def load_tuner(path: str) -> type:
+    """The `ThreadTuner` class of a threads module file (a tuner without `resume`, from before
+    the engine called it, gets a no-op one)."""
+    spec = importlib.util.spec_from_file_location("threads_before", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tuner = module.ThreadTuner
+    if not hasattr(tuner, "resume"):
+        tuner.resume = lambda self, idle_seconds: None
+    return tuner
+
+
 def load_engine_module(path: str):
     spec = importlib.util.spec_from_file_location("engine_before", path)
     assert spec and spec.loader
@@ -263,6 +280,7 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", help="an engine module file to compare with (same model)")
+    parser.add_argument("--tuner-before", help="a threads module file whose tuner to compare")
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--no-cb", action="store_true", help="skip transformers generate_batch")
     parser.add_argument("--profile", action="store_true")
@@ -304,6 +322,13 @@ async def main() -> None:
             base.model, base.tokenizer, model_lock=base.lock,
             select_adapter=lambda name: A.select(base, name), seed=0, threads=usable_cores(),
         )  # fmt: skip
+        tuner_before = None
+        if args.tuner_before:
+            tuner_before = GenerationEngine(
+                base.model, base.tokenizer, model_lock=base.lock,
+                select_adapter=lambda name: A.select(base, name), seed=0,
+            )  # fmt: skip
+            tuner_before.tuner = load_tuner(args.tuner_before)(usable_cores())
         cb_model = None
         if not args.no_cb:
             cb_model = AutoModelForCausalLM.from_pretrained(
@@ -319,6 +344,10 @@ async def main() -> None:
         runs["engine_fixed_threads"] = lambda b: engine_rate(fixed, prompts[b], args.tokens)
         if before is not None:
             runs["engine_before"] = lambda b: engine_rate(before, prompts[b], args.tokens)
+        if tuner_before is not None:
+            runs["engine_tuner_before"] = lambda b: engine_rate(
+                tuner_before, prompts[b], args.tokens
+            )
         if free is not None:
             runs["engine_not_invariant"] = lambda b: engine_rate(free, prompts[b], args.tokens)
         if cb_model is not None:
@@ -326,6 +355,7 @@ async def main() -> None:
         rates: dict[tuple[str, int, str], list[float]] = defaultdict(list)
         conditions = ["idle", *([args.competitor] if args.competitor else [])]
         tuned: list[str] = []
+        tuned_before: list[str] = []
         for _ in range(args.repeats):
             for condition in conditions:
                 with competing(condition):
@@ -336,6 +366,8 @@ async def main() -> None:
                             rates[(name, b, condition)].append(rate)
                             if name == "engine":  # where the tuner stood after each run
                                 tuned.append(f"{condition}:{engine.tuner.current}")
+                            if name == "engine_tuner_before" and tuner_before is not None:
+                                tuned_before.append(f"{condition}:{tuner_before.tuner.current}")
         print(f"tokens/s, {args.tokens} forced tokens a request, median of {args.repeats}; ratio")
         print("= median over repeats of rate / hf_generate at the same batch in that repeat")
         ratios: dict[tuple[str, int, str], float] = {}
@@ -359,6 +391,11 @@ async def main() -> None:
             f"engine's thread tuner: {engine.tuner.switches} switches; threads after each run "
             f"(condition:threads): {' '.join(tuned)}"
         )
+        if tuner_before is not None:
+            print(
+                f"the --tuner-before tuner: {tuner_before.tuner.switches} switches; threads after "
+                f"each run: {' '.join(tuned_before)}"
+            )
         if args.profile:
             b = max(args.batches)
             await profile(engine, base, prompts[b], args.tokens, "engine")

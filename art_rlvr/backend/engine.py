@@ -423,16 +423,18 @@ class GenerationEngine:
 
     def _timed_step(self, batch: Batch) -> None:
         """One step at the thread count the tuner picks, timed for it."""
-        threads, rows = self.tuner.threads_for_next_step(), len(batch.rows)
+        threads = self.tuner.threads_for_next_step()
         set_threads(threads)
         started = time.perf_counter()
-        self._step(batch)
-        self.tuner.record(threads, rows, time.perf_counter() - started)
+        rows = self._step(batch)
+        if rows:  # the step that retires the last rows runs no forward: a tenth of a step
+            self.tuner.record(threads, rows, time.perf_counter() - started)
         set_threads(self.tuner.current)  # what a prefill or the next batch starts with
 
     @torch.inference_mode()
-    def _step(self, batch: Batch) -> None:
-        """Sample one token for every row, retire finished rows, run the model once."""
+    def _step(self, batch: Batch) -> int:
+        """Sample one token for every row, retire finished rows, run the model once over the
+        rest; how many rows that forward had (0: none left, no forward)."""
         assert batch.logits is not None and batch.attention is not None
         chosen, tokens, logps, tops = self._sample(batch)
         keep = self._record(batch, tokens, logps, tops)
@@ -440,7 +442,7 @@ class GenerationEngine:
         if len(keep) < len(batch.rows):
             select(batch, keep)
             if not batch.rows:  # before indexing with an empty (float) tensor, which raises
-                return
+                return 0
             chosen = chosen[torch.tensor(keep, device=chosen.device)]
         assert batch.attention is not None and batch.next_pos is not None
         batch.attention = torch.cat(
@@ -456,6 +458,7 @@ class GenerationEngine:
         )
         batch.logits = out.logits[:, -1, :].float()
         batch.next_pos = batch.next_pos + 1
+        return len(batch.rows)
 
     def _sample(
         self, batch: Batch
