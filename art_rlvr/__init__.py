@@ -11,13 +11,21 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 # weave (imported by ART) reports errors and a session to sentry.io at exit unless this is
 # false; a run talks to nothing the user did not name. Set it to true to opt back in.
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-# torch's OpenMP threads spin before they sleep (libgomp: 300,000 spins by default). Two such
-# processes on the same cores (two runs, a run beside a notebook's backend) then spin on cores
-# the other needs: a pair of evaluations took 5.4x one alone. libgomp drops to 100-1,000 spins
-# itself when it sees more threads than cores in its own process; 1,000 here makes the pair take
-# 1.2x, one run alone ~4 % longer (benchmarks/shared_cores.py). Read when torch loads: only
-# if art_rlvr is imported first (the CLI always is).
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# torch's OpenMP threads spin before they sleep (libgomp: 300,000 spins by default). Alone, a
+# decode step wants them awake (at 1,000 spins a 36-row step took 1.6x its time at 30,000);
+# beside another busy process spinning threads take cores it needs (a pair of evaluations took
+# 4.5x one alone at 30,000, 1.1x at 1,000). So: 30,000 here, and while other processes use our
+# cores TorchBackend makes libgomp throttle to 100 (art_rlvr/backend/spin.py). Read when torch
+# loads: only if art_rlvr is imported first (the CLI always is); the throttle works either way.
+os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+# MKL (torch's fp32 matrix products on x86) picks its kernels and splits its work by matrix size
+# and thread count. On AVX-512 cores a row's result then changed with the number of rows and with
+# 1 or 2 threads, which broke the engine's batch invariance (seeded runs differed run to run) and
+# its thread tuner. Strict conditional numerical reproducibility keeps each output's sum in one
+# order: every row count from 1 to 256 and both thread counts gave the same bits, no slower
+# (2026-11-25, docs/results.md). MKL reads it at its first call, so it holds even where torch
+# was imported first, unless torch had already multiplied matrices.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from art_rlvr._lazy import lazy_exports
 

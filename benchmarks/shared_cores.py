@@ -2,19 +2,22 @@
 
 torch's OpenMP threads (libgomp) spin before they sleep when they run out of work: 300,000
 spins by default. Two processes at 2 threads each on 2 cores then keep spinning on cores the
-other process needs. art_rlvr sets `GOMP_SPINCOUNT=1000` when it is imported before torch
-(`art_rlvr/__init__.py`); this measures why, with a CLI evaluation of `arith`:
+other process needs. art_rlvr sets `GOMP_SPINCOUNT=30000` when it is imported before torch
+(`art_rlvr/__init__.py`), and TorchBackend makes libgomp throttle to 100 spins while other
+processes use its cores (`art_rlvr/backend/spin.py`); this measures both, with a CLI evaluation
+of `arith`:
 
 - `alone`: one `python -m art_rlvr.run scenario=arith mode=eval` (process start to end);
 - `pair`: two of them started together; `pair / alone` is 2.0 if the cores were simply shared.
 
+`--spins default` is art_rlvr's own setting (what a user's run gets); a number sets
+GOMP_SPINCOUNT (1000 was art_rlvr's default until 2026-11-25; the throttle still applies).
 `--default-run` times the README's command 1 instead (`scenario=arith`, the whole default RL
-run: 24 steps and 4 evaluations, ~7 min alone on 2 idle cores) at art_rlvr's own spin setting:
-a user's run beside a second one.
+run: 24 steps and 4 evaluations) at art_rlvr's own setting: a user's run beside a second one.
 
 Settings alternate within each repeat; the machine should be otherwise idle.
 
-    uv run python benchmarks/shared_cores.py [--val-limit 30] [--spins 300000 1000] [--repeats 1]
+    uv run python benchmarks/shared_cores.py [--val-limit 100] [--spins default 1000] [--repeats 1]
     uv run python benchmarks/shared_cores.py --default-run
 """
 
@@ -60,8 +63,8 @@ def timed(spins: str, val_limit: int | None, count: int, tmp: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--val-limit", type=int, default=30)
-    parser.add_argument("--spins", nargs="+", default=["300000", "1000"])
+    parser.add_argument("--val-limit", type=int, default=100)
+    parser.add_argument("--spins", nargs="+", default=[DEFAULT_SPINS, "1000"])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--default-run", action="store_true", help="time README command 1")
     args = parser.parse_args()

@@ -85,7 +85,9 @@ def trl_side(out: Path, seed: int, steps: int, scheduler: str, quick: bool) -> d
             "--out", str(out), "--trl-scheduler", scheduler, *(["--quick"] if quick else []),
         ]  # fmt: skip
         print("TRL:", " ".join(command[1:]), flush=True)
-        spins = os.environ.get("GOMP_SPINCOUNT", "1000")  # what `import art_rlvr` sets
+        import art_rlvr  # noqa: F401  (sets GOMP_SPINCOUNT's default, as for any art_rlvr run)
+
+        spins = os.environ["GOMP_SPINCOUNT"]
         subprocess.run(command, check=True, env={**os.environ, "GOMP_SPINCOUNT": spins})
     return json.loads((trl_dir / "result.json").read_text())
 

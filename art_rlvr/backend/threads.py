@@ -19,14 +19,16 @@ checks the engine's tokens and logprobs at 1 and 2 threads too).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["ThreadTuner", "in_threads", "set_threads", "usable_cores"]
+__all__ = ["ThreadTuner", "in_own_thread", "in_threads", "set_threads", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +142,35 @@ def in_threads[T](threads: int, work: Callable[..., T], *args: object) -> T:
     count the engine set last)."""
     set_threads(threads)
     return work(*args)
+
+
+async def in_own_thread[T](work: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """`work(*args, **kwargs)` on a thread that ends with it, for torch work outside the engine.
+
+    libgomp gives every thread that runs a parallel region a pool of worker threads for that
+    thread's lifetime, and while a process holds more of them than it has cores it cuts every
+    wait's spinning to 100 (GOMP_SPINCOUNT's documented throttle). `asyncio.to_thread`'s
+    long-lived pool threads each kept a pool, so a run was always throttled: a decode step at
+    36 rows took 1.6x its unthrottled time (`docs/results.md`, 2026-11-25 12:00). A thread
+    that ends frees its pool."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():  # the caller was cancelled; the work still ran to its end
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def body() -> None:
+        try:
+            result = work(*args, **kwargs)
+        except BaseException as error:  # handed to the awaiting caller
+            loop.call_soon_threadsafe(settle, None, error)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=body, name="art-rlvr-torch", daemon=True).start()
+    return await future

@@ -26,6 +26,7 @@ from art.serving_capabilities import ServingCapabilities
 
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend import checkpoints as ckpt
+from art_rlvr.backend import spin
 from art_rlvr.backend import steps as S
 from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Base as _Base
@@ -38,7 +39,7 @@ from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memo
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
-from art_rlvr.backend.threads import in_threads, usable_cores
+from art_rlvr.backend.threads import in_own_thread, in_threads, usable_cores
 from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
@@ -93,6 +94,8 @@ class TorchBackend:
         self._api_key = new_api_key()
         self._server: ServerThread | None = None
         self._registry_lock = asyncio.Lock()
+        # OpenMP threads spin while our cores are ours, and stop while others want them
+        self._spin = spin.acquire() if self.device.type == "cpu" else None
 
     # ------------------------------------------------------------------ protocol
     async def register(self, model: art.Model) -> None:
@@ -111,14 +114,14 @@ class TorchBackend:
             base_name = model.base_model or DEFAULT_BASE_MODEL
             base = self._bases.get(base_name)
             if base is None:
-                base = await asyncio.to_thread(A.load_base, base_name, self.device, self.dtype)
+                base = await in_own_thread(A.load_base, base_name, self.device, self.dtype)
                 self._bases[base_name] = base
             tokenizer = model_tokenizer(base.tokenizer, model, base_name)  # its chat template
             trainee = self._trainees.get(model.name)
             if trainee is not None:  # the same name registered again (a re-run notebook cell)
                 trainee.model, trainee.tokenizer = model, tokenizer
                 return
-            trainee = await asyncio.to_thread(
+            trainee = await in_own_thread(
                 A.attach,
                 model,
                 base,
@@ -180,7 +183,7 @@ class TorchBackend:
         self, model: art.TrainableModel, step: int
     ) -> AsyncIterator[None]:
         trainee = self._trainee(model)
-        await asyncio.to_thread(self._step_adapter, trainee, step)
+        await in_own_thread(self._step_adapter, trainee, step)
         with A.lease(trainee, step):
             async with pin_inference_target(
                 model.name, step=step, inference_name=f"{model.name}@{step}"
@@ -197,6 +200,9 @@ class TorchBackend:
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
             self._server = None
+        if self._spin is not None:
+            self._spin = None
+            spin.release()
 
     async def __aenter__(self) -> TorchBackend:
         return self
@@ -274,7 +280,7 @@ class TorchBackend:
         samples, stats = T.samples_from_groups(
             groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
-        metrics = await asyncio.to_thread(
+        metrics = await in_own_thread(
             in_threads, self.threads, S.rl_step, trainee, samples, settings
         )
         metrics |= {
@@ -285,7 +291,7 @@ class TorchBackend:
             "assistant_turns": float(stats.turns),
             **stats.counts.metrics(),
         }
-        await asyncio.to_thread(A.advance, trainee, optimizer_state=save_checkpoint)
+        await in_own_thread(A.advance, trainee, optimizer_state=save_checkpoint)
         await asyncio.to_thread(release_free_memory)
         if verbose:
             log.info("train step %d: %s", trainee.step, metrics)
@@ -318,12 +324,12 @@ class TorchBackend:
         if len(rates) != len(batches):
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
-            metrics = await asyncio.to_thread(
+            metrics = await in_own_thread(
                 in_threads, self.threads, S.sft_step, trainee, batch, float(rate),
                 self.microbatch_size,
             )  # fmt: skip
             yield metrics | counts.metrics()  # the step's totals: ART averages over batches
-        await asyncio.to_thread(A.advance, trainee, optimizer_state=True)
+        await in_own_thread(A.advance, trainee, optimizer_state=True)
         await asyncio.to_thread(release_free_memory)
 
     async def score_completions(
@@ -350,7 +356,7 @@ class TorchBackend:
             for p in prompts
         ]
         completion_ids = [tok(c, add_special_tokens=False)["input_ids"] + eos for c in completions]
-        return await asyncio.to_thread(
+        return await in_own_thread(
             S.score, trainee, prompt_ids, completion_ids, self.microbatch_size
         )
 
@@ -419,13 +425,13 @@ class TorchBackend:
             return render_ids(tokenizer, messages, tools, **kwargs)
 
         async def generate(prompt: list[int], params: SamplingParams, n: int) -> list[Completion]:
-            adapter = await asyncio.to_thread(adapter_for)
+            adapter = await in_own_thread(adapter_for)
             return await engine.generate(prompt, params, n=n, adapter=adapter)
 
         async def stream(
             prompt: list[int], params: SamplingParams, n: int
         ) -> AsyncGenerator[TokenEvent | list[Completion], None]:
-            adapter = await asyncio.to_thread(adapter_for)
+            adapter = await in_own_thread(adapter_for)
             async for item in engine.stream(prompt, params, n=n, adapter=adapter):
                 yield item
 

@@ -16,12 +16,21 @@ from art_rlvr.backend.engine import SamplingParams
 from art_rlvr.backend.threads import ThreadTuner, usable_cores
 
 
-@pytest.mark.parametrize(("given", "seen"), [(None, "1000"), ("300000", "300000"), ("0", "0")])
-def test_gomp_spincount_defaults_to_1000_and_keeps_the_users(given, seen) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+@pytest.mark.parametrize(
+    ("name", "given", "seen"),
+    [
+        ("GOMP_SPINCOUNT", None, "30000"),
+        ("GOMP_SPINCOUNT", "300000", "300000"),
+        ("GOMP_SPINCOUNT", "0", "0"),
+        ("MKL_CBWR", None, "AUTO,STRICT"),
+        ("MKL_CBWR", "AVX2", "AVX2"),
+    ],
+)
+def test_openmp_and_mkl_settings_have_defaults_and_keep_the_users(name, given, seen) -> None:
+    env = {k: v for k, v in os.environ.items() if k != name}
     if given is not None:
-        env["GOMP_SPINCOUNT"] = given
-    code = "import os, art_rlvr; print(os.environ['GOMP_SPINCOUNT'])"
+        env[name] = given
+    code = f"import os, art_rlvr; print(os.environ[{name!r}])"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
