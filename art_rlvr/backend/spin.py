@@ -104,8 +104,10 @@ class _Team:
         self._started = threading.Event()
 
         def hold() -> None:
-            gomp.GOMP_parallel(self._body, None, ctypes.c_uint(size), ctypes.c_uint(0))
-            self._started.set()
+            try:
+                gomp.GOMP_parallel(self._body, None, ctypes.c_uint(size), ctypes.c_uint(0))
+            finally:
+                self._started.set()
             self._stop.wait()  # the thread's pool lives as long as the thread
 
         self._thread = threading.Thread(target=hold, name="art-rlvr-spin-throttle", daemon=True)
@@ -134,7 +136,11 @@ class SpinGovernor:
     @property
     def available(self) -> bool:
         """Linux with torch on libgomp: there is something to govern and a way to read load."""
-        return self._gomp is not None and bool(self.cores) and Path("/proc/stat").exists()
+        return (
+            hasattr(self._gomp, "GOMP_parallel")
+            and bool(self.cores)
+            and Path("/proc/stat").exists()
+        )
 
     def reading(self) -> CpuTicks:
         stat, own = Path("/proc/stat").read_text(), Path("/proc/self/stat").read_text()
