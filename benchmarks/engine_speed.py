@@ -4,12 +4,13 @@ batch, in one process, on the same weights, prompts and forced token count:
 - `engine`: `GenerationEngine.generate`, `b` concurrent requests with distinct prompts;
 - `engine_before`: the same, with the engine module at `--before` (e.g. the last commit's:
   `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
-- `engine_fixed_threads`: the same engine with its thread count fixed at every usable core
-  (the engine picks its count by timing its own steps: `art_rlvr/backend/threads.py`);
+- `engine_fixed_threads` (with `--variants`): the same engine with its thread count fixed at
+  every usable core (the engine picks its count by timing its own steps:
+  `art_rlvr/backend/threads.py`);
 - `engine_tuner_before`: the same engine with the `ThreadTuner` of the module at
   `--tuner-before` (e.g. `git show HEAD:art_rlvr/backend/threads.py > /tmp/threads_before.py`):
   two tuning policies side by side, each on its own engine, seeing the same conditions;
-- `engine_not_invariant`: the same engine with `batch_invariant=False` (on CPU the engine is
+- `engine_not_invariant` (with `--variants`): the same engine with `batch_invariant=False` (on CPU the engine is
   batch-invariant by default: row-wise attention, no shared-prefix prefill), the price of it;
 - `http`: the same requests through TorchBackend's OpenAI-compatible server (OpenAI SDK);
 - `hf_generate`: transformers `model.generate` on the left-padded batch of the `b` prompts,
@@ -18,7 +19,7 @@ batch, in one process, on the same weights, prompts and forced token count:
 - llama.cpp's single stream on the same GGUF file, when `--llama-python` can import llama_cpp.
 
     uv run python benchmarks/engine_speed.py [--tokens 32] [--batches 1 8 32] [--repeats 2]
-        [--before /tmp/engine_before.py] [--tuner-before /tmp/threads_before.py]
+        [--variants] [--before /tmp/engine_before.py] [--tuner-before /tmp/threads_before.py]
         [--llama-python /tmp/llama/bin/python] [--profile]
         [--competitor nice|run]
 
@@ -26,6 +27,15 @@ batch, in one process, on the same weights, prompts and forced token count:
 the same cores (`nice`: a busy loop at nice 19; `run`: another art_rlvr process evaluating), and
 prints the engine's ratio to `hf_generate` beside it over the idle ratio (1.0: unaffected). On a
 shared machine "idle" only means "without our competitor": record the load average with it.
+
+One OpenMP pool: libgomp gives each thread that runs torch its own pool of workers, and while a
+process holds more of them than it has cores it throttles every wait's spinning, which slows
+small ops (a training step beside the engine's pool took 1.4x its time, docs/results.md
+2026-11-27). So `hf_generate` runs on the engine's own thread (`GenerationEngine.run`), and the
+other engines, each on a thread of its own, run only when asked (`--variants`, `--before`,
+`--tuner-before`; they throttle every setting of the process alike, as does
+`hf_generate_batch`'s manager thread). Until 2026-11-27 two always ran and HF ran on the main
+thread: every ratio before that date was measured throttled.
 
 Settings are interleaved within each repeat, so every ratio divides rates measured next to each
 other (the machine is shared: ratios, not absolute rates, are what carries). Prints the median
@@ -283,6 +293,12 @@ async def main() -> None:
     parser.add_argument("--tuner-before", help="a threads module file whose tuner to compare")
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--no-cb", action="store_true", help="skip transformers generate_batch")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="also the engine at fixed threads and without invariance (their threads throttle "
+        "the process's OpenMP spinning: every setting is then measured throttled)",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sampler-only", action="store_true", help="with --before: sampling only")
     parser.add_argument(
@@ -313,15 +329,17 @@ async def main() -> None:
                 select_adapter=lambda name: A.select(base, name), seed=0,
             )  # fmt: skip
         free = None
-        if engine.batch_invariant:  # the price of batch invariance, side by side
+        if engine.batch_invariant and args.variants:  # the price of batch invariance
             free = GenerationEngine(
                 base.model, base.tokenizer, model_lock=base.lock,
                 select_adapter=lambda name: A.select(base, name), seed=0, batch_invariant=False,
             )  # fmt: skip
-        fixed = GenerationEngine(
-            base.model, base.tokenizer, model_lock=base.lock,
-            select_adapter=lambda name: A.select(base, name), seed=0, threads=usable_cores(),
-        )  # fmt: skip
+        fixed = None
+        if args.variants:
+            fixed = GenerationEngine(
+                base.model, base.tokenizer, model_lock=base.lock,
+                select_adapter=lambda name: A.select(base, name), seed=0, threads=usable_cores(),
+            )  # fmt: skip
         tuner_before = None
         if args.tuner_before:
             tuner_before = GenerationEngine(
@@ -337,11 +355,14 @@ async def main() -> None:
         prompts = {b: prompt_ids(base.tokenizer, b) for b in args.batches}
         await engine_rate(engine, prompts[min(args.batches)], 4)  # warm-up
         runs: dict[str, Callable[[int], Awaitable[float] | float]] = {
-            "hf_generate": lambda b: hf_rate(base, prompts[b], args.tokens),
+            "hf_generate": lambda b: engine.run(
+                hf_rate, base, prompts[b], args.tokens, threads=usable_cores()
+            ),
             "engine": lambda b: engine_rate(engine, prompts[b], args.tokens),
             "http": lambda b: http_rate(client, base_name, b, args.tokens),
         }
-        runs["engine_fixed_threads"] = lambda b: engine_rate(fixed, prompts[b], args.tokens)
+        if fixed is not None:
+            runs["engine_fixed_threads"] = lambda b: engine_rate(fixed, prompts[b], args.tokens)
         if before is not None:
             runs["engine_before"] = lambda b: engine_rate(before, prompts[b], args.tokens)
         if tuner_before is not None:

@@ -1,11 +1,20 @@
 """Cost of one GRPO step and one SFT step on the embedded model, and what the
 completion-only logits buy: the same policy-gradient loss computed with full-vocabulary logits
 at every position (the naive way), measured side by side in one process; then what the
-microbatch layout buys: arrival order, length-bucketed, and a group's prompt computed once for
-its rows (`rl_step`'s layout), in seconds and computed positions, with the user / kernel (sys)
-CPU time of the backward pass at 1 and 2 torch threads.
+microbatch layout buys: arrival order, length-bucketed, and a group packed into one sequence
+(its prompt once, no completion padded: `rl_step`'s layout), in seconds and computed positions,
+with the user / kernel (sys) CPU time of the backward pass at 1 and 2 torch threads.
+
+`--before FILE` also times the group layout with the `shared_prompt_logprobs` of an earlier
+`train` module (e.g. `git show 4674b04:art_rlvr/backend/train.py > /tmp/train_before.py`: the
+prompt's KV cache repeated to right-padded rows), on the same samples, interleaved.
+
+Then where the step runs: `rl_step` on the engine's thread (`GenerationEngine.run`, what
+`TorchBackend.train` does) and on a thread of its own beside the engine's live OpenMP pool (what
+it did until 2026-11-27), the same samples, interleaved.
 
     uv run python benchmarks/train_step.py [--repeats 3] [--groups 6] [--group-size 6]
+        [--before /tmp/train_before.py]
 
 Prints one line per result: medians over repeats, tokens/s through forward+backward, the
 GFLOP/s that implies (about 4 x 107 M non-embedding parameters x positions, plus the kept
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import resource
 import statistics
 import tempfile
@@ -29,6 +39,7 @@ from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_gr
 from art_rlvr.backend import steps
 from art_rlvr.backend import train as T
 from art_rlvr.backend.steps import sample_length
+from art_rlvr.backend.threads import in_own_thread, in_threads
 
 NON_EMBEDDING_PARAMS, HIDDEN, VOCAB = 106_700_000, 576, 49_152  # SmolLM2-135M
 
@@ -59,12 +70,12 @@ def bucketed(samples: list[T.Sample], size: int = 8) -> Layout:
     return [(False, c) for c in T.length_buckets(samples, size, sample_length)]
 
 
-def shared_prompt(samples: list[T.Sample], size: int = 8) -> Layout:
-    """What `rl_step` does: a group's prompt computed once for its rows, the rest bucketed."""
+def packed_groups(samples: list[T.Sample], size: int = 8) -> Layout:
+    """What `rl_step` does: a group packed into one sequence, the rest bucketed."""
     return steps.microbatches(samples, size)
 
 
-LAYOUTS = {"in order": in_order, "bucketed": bucketed, "shared prompt": shared_prompt}
+LAYOUTS = {"in order": in_order, "bucketed": bucketed, "packed group": packed_groups}
 
 
 def timed_backward(model, layout: Layout, pad, logprob_fn=None) -> float:
@@ -87,16 +98,18 @@ def timed_backward(model, layout: Layout, pad, logprob_fn=None) -> float:
 
 
 def computed(layout: Layout) -> tuple[int, int, int]:
-    """(real, computed, kept-logit) positions: padded rows, and a shared prompt counted once."""
+    """(real, computed, kept-logit) positions: padded rows, and a packed group's prompt once
+    and its completions unpadded."""
     real = sum(sample_length(s) for _, c in layout for s in c)
     done = kept = 0
     for shared, chunk in layout:
         k = max(len(s.completion_ids) for s in chunk)
-        kept += k * len(chunk)
         if shared:
-            done += len(chunk[0].prompt_ids) + k * len(chunk)
+            done += len(chunk[0].prompt_ids) + sum(len(s.completion_ids) for s in chunk)
+            kept += sum(len(s.completion_ids) for s in chunk)
         else:
             done += max(sample_length(s) for s in chunk) * len(chunk)
+            kept += k * len(chunk)
     return real, done, kept
 
 
@@ -135,11 +148,64 @@ def layouts_report(model, samples: list[T.Sample], pad: int, repeats: int) -> No
         )
 
 
+def before_report(model, samples: list[T.Sample], pad: int, repeats: int, path: str) -> None:
+    """The group layout with an earlier `shared_prompt_logprobs`, beside the current one."""
+    spec = importlib.util.spec_from_file_location("train_before", path)
+    assert spec and spec.loader
+    before = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(before)
+    layout = [(shared, c) for shared, c in packed_groups(samples) if shared]
+    now, then = [], []
+    for _ in range(repeats):
+        now.append(timed_backward(model, layout, pad))
+        started = time.perf_counter()
+        for _shared, chunk in layout:
+            comps = [s.completion_ids for s in chunk]
+            new, mask = before.shared_prompt_logprobs(model, chunk[0].prompt_ids, comps, pad)
+            adv = torch.tensor([s.advantage for s in chunk])
+            loss, _ = T.policy_loss(
+                new, new.detach(), adv, mask, loss_fn="cispo", epsilon=1.0, epsilon_high=4.0
+            )
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        then.append(time.perf_counter() - started)
+    a, b = statistics.median(now), statistics.median(then)
+    print(
+        f"groups' backward: packed {a:.2f} s, {path}'s {b:.2f} s: {b / a:.2f}x "
+        f"({len(layout)} groups, medians of {repeats})"
+    )
+
+
+async def thread_report(backend, trainee, samples: list[T.Sample], repeats: int) -> None:
+    """`rl_step` on the engine's thread and on a thread of its own beside the engine's pool."""
+    settings = steps.RLSettings(
+        learning_rate=1e-9, loss_fn="cispo", epsilon=1.0, epsilon_high=4.0, kl_coef=0.0,
+        max_grad_norm=1.0, microbatch_size=backend.microbatch_size,
+    )  # fmt: skip
+    engine = trainee.base.engine
+    times: dict[str, list[float]] = {"engine thread": [], "own thread": []}
+
+    def timed() -> float:
+        started = time.perf_counter()
+        steps.rl_step(trainee, samples, settings)
+        return time.perf_counter() - started
+
+    for _ in range(repeats):
+        times["engine thread"].append(await engine.run(timed, threads=backend.threads))
+        times["own thread"].append(await in_own_thread(in_threads, backend.threads, timed))
+    a, b = (statistics.median(times[k]) for k in ("engine thread", "own thread"))
+    print(
+        f"rl_step on the engine's thread {a:.2f} s; on its own thread beside the engine's "
+        f"pool {b:.2f} s: {b / a:.2f}x (medians of {repeats})"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--before", help="a train module whose shared_prompt_logprobs to time")
     args = parser.parse_args()
     task = load_task("arith", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,6 +250,9 @@ async def main() -> None:
         )
         with base.lock:
             layouts_report(base.model, samples, pad, args.repeats)
+            if args.before:
+                before_report(base.model, samples, pad, args.repeats, args.before)
+        await thread_report(backend, trainee, samples, args.repeats)
         sft = [
             art.Trajectory(
                 messages_and_choices=[

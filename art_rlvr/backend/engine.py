@@ -15,12 +15,21 @@ policy; ART on vLLM has the same property.
 The engine runs its own thread; torch releases the GIL in its kernels, so the asyncio server
 stays responsive. The `model_lock` is shared with the trainer so that weights never change
 under a running batch.
+
+Other torch work on the same model (a training step, a checkpoint save) runs on that thread
+too (`run`): between batches, with gradients on. libgomp gives each thread that runs a
+parallel region its own pool of workers for the thread's lifetime, and while a process holds
+more of them than it has cores it cuts every wait's spinning to 100; a training step on a
+second thread, beside the engine's live pool, took 1.4x its time (docs/results.md,
+2026-11-27). One torch thread keeps one pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import queue
 import random
 import threading
@@ -36,6 +45,7 @@ from art_rlvr.backend.constrained import Grammars
 from art_rlvr.backend.decode_batch import (
     MIN_SHARED_PREFIX,
     Batch,
+    Job,
     Request,
     Row,
     drop_cancelled,
@@ -44,6 +54,7 @@ from art_rlvr.backend.decode_batch import (
     left_padded,
     select,
     shared_prefix,
+    spare_cache,
 )
 from art_rlvr.backend.engine_types import (
     Completion,
@@ -111,8 +122,9 @@ class GenerationEngine:
             threads or max_threads or usable_cores(),
             fixed=threads is not None or self.device.type != "cpu",
         )
-        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._queue: queue.Queue[Request | Job | None] = queue.Queue()
         self._pending: list[Request] = []
+        self._jobs: collections.deque[Job] = collections.deque()
         self._draining = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._worker, name="art-rlvr-engine", daemon=True)
@@ -193,10 +205,49 @@ class GenerationEngine:
         self._queue.put(request)
         return request
 
+    async def run[T](self, work: Callable[..., T], *args: object, threads: int | None = None) -> T:
+        """`work(*args)` on the engine's thread with the model to itself: the running batch
+        finishes first and no new rows start until it returns; gradients are on, at `threads`
+        threads (None: the engine's). A caller cancelled before it starts skips it; once
+        started it runs to its end."""
+        if self._closed:
+            raise EngineClosed("engine closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def done(result: T, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                loop.call_soon_threadsafe(settle, result, error)
+
+        job = Job(functools.partial(work, *args), done, threads)
+        self._queue.put(job)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
+
     def close(self) -> None:
         self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():  # whatever was queued after the worker stopped
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    self._take(item)
+            self._fail(None, EngineClosed("engine closed"))
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -217,18 +268,25 @@ class GenerationEngine:
         batch: Batch | None = None
         while True:
             try:
+                if batch is None and self._jobs:
+                    self._run_job(self._jobs.popleft())
+                    continue
                 if batch is None and not self._pending:
                     item = self._queue.get()
                     if item is None:
                         return
-                    self._pending.append(item)
+                    self._take(item)
+                    if self._jobs:
+                        continue
                     self._coalesce()
                 elif not self._drain_queue():
                     self._fail(batch, EngineClosed("engine closed"))
                     return
                 if batch is None:
+                    if self._jobs or not self._pending:
+                        continue
                     batch = self._open(self._pending[0].adapter)
-                if not self._draining.is_set():
+                if not self._draining.is_set() and not self._jobs:
                     admitted = self._admit(batch)
                     if admitted:
                         try:
@@ -268,7 +326,7 @@ class GenerationEngine:
             if item is None:
                 self._queue.put(None)
                 return
-            self._pending.append(item)
+            self._take(item)
             deadline = time.monotonic() + self.coalesce_seconds
 
     def _drain_queue(self) -> bool:
@@ -279,7 +337,27 @@ class GenerationEngine:
                 return True
             if item is None:
                 return False
+            self._take(item)
+
+    def _take(self, item: Request | Job) -> None:
+        if isinstance(item, Job):
+            self._jobs.append(item)
+        else:
             self._pending.append(item)
+
+    def _run_job(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        set_threads(job.threads or self.tuner.current)
+        try:
+            with self.model_lock, torch.enable_grad():
+                result = job.work()
+        except Exception as error:  # the caller's to handle, not the engine's
+            job.done(None, error)
+        else:
+            job.done(result, None)
+        finally:
+            set_threads(self.tuner.current)
 
     def _fail(self, batch: Batch | None, error: BaseException) -> None:
         requests = {id(r.request): r.request for r in batch.rows} if batch else {}
@@ -288,6 +366,8 @@ class GenerationEngine:
         if isinstance(error, EngineClosed):
             requests |= {id(r): r for r in self._pending}
             self._pending.clear()
+            while self._jobs:
+                self._jobs.popleft().done(None, error)
         for request in requests.values():
             request.done(error)
 
@@ -358,7 +438,7 @@ class GenerationEngine:
         )
         self.stats.prompt_tokens += sum(len(p) for p in prompts)
         shared = shared_prefix(prompts) if len(prompts) > 1 else 0
-        cache = DynamicCache()
+        cache = spare_cache()
         if shared >= MIN_SHARED_PREFIX and not self.batch_invariant:
             self._prefill_prefix(prompts[0][:shared], len(prompts), cache)
             self.stats.prefix_tokens_saved += shared * (len(prompts) - 1)
@@ -404,7 +484,7 @@ class GenerationEngine:
         ids, mask = left_padded(prompts, self.pad_id)
         attention = torch.tensor(mask, device=self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache, rows = DynamicCache(), len(prompts)
+        cache, rows = spare_cache(), len(prompts)
         common = {"past_key_values": cache, "use_cache": True, **self._flags}
         first = self.model(
             input_ids=torch.tensor(ids, device=self.device),

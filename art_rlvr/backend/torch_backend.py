@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,7 @@ class TorchBackend:
         self, model: art.TrainableModel, step: int
     ) -> AsyncIterator[None]:
         trainee = self._trainee(model)
-        await in_own_thread(self._step_adapter, trainee, step)
+        await self._torch(trainee.base, self._step_adapter, trainee, step)
         with A.lease(trainee, step):
             async with pin_inference_target(
                 model.name, step=step, inference_name=f"{model.name}@{step}"
@@ -280,9 +281,7 @@ class TorchBackend:
         samples, stats = T.samples_from_groups(
             groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
-        metrics = await in_own_thread(
-            in_threads, self.threads, S.rl_step, trainee, samples, settings
-        )
+        metrics = await self._torch(trainee.base, S.rl_step, trainee, samples, settings)
         metrics |= {
             "groups_used": stats.used,
             "groups_skipped": stats.skipped,
@@ -291,7 +290,9 @@ class TorchBackend:
             "assistant_turns": float(stats.turns),
             **stats.counts.metrics(),
         }
-        await in_own_thread(A.advance, trainee, optimizer_state=save_checkpoint)
+        await self._torch(
+            trainee.base, functools.partial(A.advance, optimizer_state=save_checkpoint), trainee
+        )
         await asyncio.to_thread(release_free_memory)
         if verbose:
             log.info("train step %d: %s", trainee.step, metrics)
@@ -324,12 +325,11 @@ class TorchBackend:
         if len(rates) != len(batches):
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
-            metrics = await in_own_thread(
-                in_threads, self.threads, S.sft_step, trainee, batch, float(rate),
-                self.microbatch_size,
-            )  # fmt: skip
+            metrics = await self._torch(
+                trainee.base, S.sft_step, trainee, batch, float(rate), self.microbatch_size
+            )
             yield metrics | counts.metrics()  # the step's totals: ART averages over batches
-        await in_own_thread(A.advance, trainee, optimizer_state=True)
+        await self._torch(trainee.base, functools.partial(A.advance, optimizer_state=True), trainee)
         await asyncio.to_thread(release_free_memory)
 
     async def score_completions(
@@ -356,8 +356,8 @@ class TorchBackend:
             for p in prompts
         ]
         completion_ids = [tok(c, add_special_tokens=False)["input_ids"] + eos for c in completions]
-        return await in_own_thread(
-            S.score, trainee, prompt_ids, completion_ids, self.microbatch_size
+        return await self._torch(
+            trainee.base, S.score, trainee, prompt_ids, completion_ids, self.microbatch_size
         )
 
     # ------------------------------------------------------------------ internals
@@ -366,6 +366,14 @@ class TorchBackend:
         if trainee is None:
             raise RuntimeError(f"model {model.name!r} is not registered with this TorchBackend")
         return trainee
+
+    async def _torch[R](self, base: _Base, work: Callable[..., R], *args: object) -> R:
+        """`work(*args)` on the base's engine thread, at the backend's thread count: one thread
+        (one OpenMP pool) runs all of the process's torch work, or libgomp throttles every
+        wait (see `engine`). Before the engine exists, on a thread of its own."""
+        if base.engine is not None:
+            return await base.engine.run(work, *args, threads=self.threads)
+        return await in_own_thread(in_threads, self.threads, work, *args)
 
     def _disk_step(self, model: art.Model) -> int:
         model_dir = Path(self._path) / model.project / "models" / model._storage_name()

@@ -7,7 +7,8 @@ because fp32 logits over the 49k vocabulary at every prompt position would domin
 backward pass. Microbatches are length-bucketed (`length_buckets`): the loss is a sum over
 tokens divided by the step's token count, so which samples share a microbatch does not change
 it, while grouping similar lengths removes most padded positions from forward and backward.
-A GRPO group's samples share their prompt: `shared_prompt_logprobs` runs it once for the group.
+A GRPO group's samples share their prompt: `shared_prompt_logprobs` packs the group into one
+sequence, the prompt once and no completion padded.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from art_rlvr.backend.engine_types import embedding_weight
 from art_rlvr.backend.train_data import (
@@ -134,36 +134,50 @@ def completion_logprobs(
 def shared_prompt_logprobs(
     model: torch.nn.Module, prompt: list[int], completions: list[list[int]], pad: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`completion_logprobs` for completions of one prompt (a GRPO group): the prompt runs once
-    and its KV cache, gradients included, is shared by every row, so a step computes the
-    prompt's positions once per group instead of once per sample. Completions are right-padded
-    (causal attention never lets a real token see a pad); the result is right-aligned, [B, K]."""
+    """`completion_logprobs` for completions of one prompt (a GRPO group), packed into one
+    sequence: the prompt once, then every completion after it at the positions it was sampled
+    at, each seeing the prompt and itself only (a block mask). The prompt's positions are
+    computed once per group and no completion is padded to the longest: a third of a step's
+    positions were padding (docs/results.md, 2026-11-27). The result is right-aligned, [B, K];
+    `pad` is unused (nothing is padded)."""
+    del pad
     device = embedding_weight(model, "input").device
-    cache = DynamicCache()
-    head = model(
-        input_ids=torch.tensor([prompt], device=device),
-        position_ids=torch.arange(len(prompt), device=device)[None],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits
-    rows, k = len(completions), max(len(c) for c in completions)
-    cache.batch_repeat_interleave(rows)
-    ids = torch.tensor([c + [pad] * (k - len(c)) for c in completions], device=device)
-    positions = torch.arange(len(prompt), len(prompt) + k, device=device)
-    tail = model(
+    start = len(prompt)
+    lengths = [len(c) for c in completions]
+    segment = torch.tensor(
+        [0] * start + [i + 1 for i, n in enumerate(lengths) for _ in range(n)], device=device
+    )
+    total = len(segment)
+    positions = torch.cat(
+        [torch.arange(start, device=device)]
+        + [torch.arange(start, start + n, device=device) for n in lengths]
+    )
+    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    allowed = causal & ((segment[None, :] == 0) | (segment[None, :] == segment[:, None]))
+    weights = embedding_weight(model, "input")
+    bias = torch.zeros(allowed.shape, dtype=weights.dtype, device=device)
+    bias = bias.masked_fill(~allowed, torch.finfo(weights.dtype).min)[None, None]
+    offsets = [start + sum(lengths[:i]) for i in range(len(lengths))]
+    # the position whose logits predict each completion token: the prompt's last, then its own
+    predicting = [
+        p for o, n in zip(offsets, lengths, strict=True) for p in [start - 1, *range(o, o + n - 1)]
+    ]
+    ids = torch.tensor([prompt + [t for c in completions for t in c]], device=device)
+    logits = model(
         input_ids=ids,
-        position_ids=positions[None].expand(rows, k),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=k,
-    ).logits
-    logits = torch.cat([head.expand(rows, 1, -1), tail[:, :-1]], dim=1)  # predicts ids[:, j]
-    left = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None])[..., 0]
-    lengths = torch.tensor([len(c) for c in completions], device=device)
-    column = torch.arange(k, device=device)[None] - (k - lengths)[:, None]  # right-align
-    mask = column >= 0
-    return left.gather(1, column.clamp(min=0)), mask
+        attention_mask=bias,
+        position_ids=positions[None],
+        logits_to_keep=torch.tensor(predicting, device=device),
+    ).logits[0]
+    targets = ids[0, start:]
+    flat = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
+    rows, k = len(completions), max(lengths)
+    row = torch.tensor([i for i, n in enumerate(lengths) for _ in range(n)], device=device)
+    column = torch.tensor([k - n + j for n in lengths for j in range(n)], device=device)
+    logps = flat.new_zeros(rows, k).index_put((row, column), flat)
+    mask = torch.zeros(rows, k, dtype=torch.bool, device=device)
+    mask[row, column] = True
+    return logps, mask
 
 
 def policy_loss(

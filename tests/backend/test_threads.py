@@ -5,14 +5,17 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import art
 import pytest
 import torch
 
+from art_rlvr import SamplingConfig, gather_groups, rollout
 from art_rlvr.backend import steps as S
-from art_rlvr.backend.engine import SamplingParams
+from art_rlvr.backend.engine import EngineClosed, SamplingParams
 from art_rlvr.backend.threads import ThreadTuner, usable_cores
 
 
@@ -195,3 +198,114 @@ async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_las
         engine.close()
         torch.set_num_threads(backend.threads)  # torch's default for later threads
     assert seen == [backend.threads]
+
+
+# ------------------------------------------------------------------ one torch thread
+
+
+async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
+    backend, make_model, task
+) -> None:
+    """libgomp cuts every wait's spinning to 100 while the process holds more OpenMP workers
+    than cores, and each thread that runs torch keeps its own pool: a training step on a
+    second thread beside the engine's took 1.4x its time. Every forward of a run (sampling and
+    training) runs on the engine's one thread, and the step's checkpoint is still written."""
+    model = await make_model("onethread")
+    trainee = backend._trainees[model.name]
+    groups = await gather_groups(
+        model, task.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=8), seed=1
+    )
+    for group in groups:
+        for i, trajectory in enumerate(group.trajectories):
+            trajectory.reward = float(i % 2)
+    forwards: list[tuple[str, bool]] = []
+    hook = trainee.base.model.register_forward_pre_hook(
+        lambda *_: forwards.append((threading.current_thread().name, torch.is_grad_enabled()))
+    )
+    saved: list[str] = []
+    watched = ckpt_dir(trainee)
+    try:
+        result = await backend.train(model, groups, learning_rate=1e-4)
+        saved = sorted(p.name for p in watched.iterdir())
+        await rollout(model, task.splits["val"][0], sampling=SamplingConfig(max_tokens=4))
+    finally:
+        hook.remove()
+    assert result.step == 1 and saved == ["0000", "0001"]
+    assert {name for name, _ in forwards} == {"art-rlvr-engine"}
+    assert any(grad for _, grad in forwards) and not forwards[-1][1]  # trained, then sampled
+
+
+def ckpt_dir(trainee) -> Path:
+    return trainee.model_dir / "checkpoints"
+
+
+async def test_a_job_waits_for_the_running_batch_and_holds_back_new_rows(
+    backend, model, make_engine
+) -> None:
+    base = next(iter(backend._bases.values()))
+    engine = make_engine(threads=1)
+    params = SamplingParams(max_tokens=6, seed=0, ignore_eos=True)
+    events: list[str] = []
+
+    async def sample(name: str) -> None:
+        await engine.generate([1, 2, 3], params, adapter=None)
+        events.append(name)
+
+    def job() -> str:
+        events.append("job")
+        return threading.current_thread().name
+
+    try:
+        first = asyncio.create_task(sample("first"))
+        while engine.stats.running_rows == 0:  # the first request is decoding
+            await asyncio.sleep(0.001)
+        ran_on = asyncio.create_task(engine.run(job))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(sample("second"))  # arrives while the job waits
+        assert await ran_on == "art-rlvr-engine"
+        await asyncio.gather(first, second)
+    finally:
+        engine.close()
+    assert events == ["first", "job", "second"]
+    assert base.lock.acquire(blocking=False)  # the job gave the model back
+    base.lock.release()
+
+
+async def test_a_failing_job_raises_for_its_caller_and_the_engine_serves_on(
+    backend, model, make_engine
+) -> None:
+    engine = make_engine(threads=1)
+
+    def broken() -> None:
+        raise ValueError("bad batch")
+
+    try:
+        with pytest.raises(ValueError, match="bad batch"):
+            await engine.run(broken)
+        assert await engine.run(torch.is_grad_enabled) is True
+        done = await engine.generate([1, 2, 3], SamplingParams(max_tokens=2), adapter=None)
+    finally:
+        engine.close()
+    assert len(done[0].token_ids) == 2
+    with pytest.raises(EngineClosed):
+        await engine.run(torch.is_grad_enabled)
+
+
+async def test_a_job_cancelled_before_it_starts_is_skipped(backend, model, make_engine) -> None:
+    engine = make_engine(threads=1)
+    release = threading.Event()
+    ran: list[str] = []
+    try:
+        blocker = asyncio.create_task(engine.run(release.wait, 30))
+        await asyncio.sleep(0.05)  # the blocker runs; the next job waits in the queue
+        skipped = asyncio.create_task(engine.run(ran.append, "skipped"))
+        await asyncio.sleep(0.05)
+        skipped.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await skipped
+        release.set()
+        await blocker
+        await engine.run(ran.append, "after")
+    finally:
+        engine.close()
+    assert ran == ["after"]

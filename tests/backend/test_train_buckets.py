@@ -145,3 +145,27 @@ async def test_a_shared_prompt_gives_the_per_sample_logprobs_loss_and_gradient(
     assert torch.allclose(loss_a, loss_b, rtol=1e-5, atol=1e-5)
     flat_a, flat_b = (torch.cat([g.flatten() for g in grads]) for grads in (grads_a, grads_b))
     assert float((flat_a - flat_b).norm() / flat_a.norm()) < 1e-4
+
+
+async def test_a_group_runs_as_one_sequence_without_padding(backend, model) -> None:
+    """A group's forward sees its prompt once and each completion's own tokens, nothing
+    padded (in the first RL steps a third of the positions were padding)."""
+    trainee = backend._trainees[model.name]
+    base = trainee.base
+    group = groups(2)[:5]
+    seen: list[torch.Size] = []
+    hook = base.model.register_forward_pre_hook(
+        lambda _m, _args, kwargs: seen.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        with base.lock, torch.no_grad():
+            base.model.set_adapter(trainee.adapter)
+            logps, mask = T.shared_prompt_logprobs(
+                base.model, group[0].prompt_ids, [s.completion_ids for s in group], 2
+            )
+    finally:
+        hook.remove()
+    lengths = [len(s.completion_ids) for s in group]
+    assert len(set(lengths)) > 1  # padding would have been needed
+    assert seen == [torch.Size([1, len(group[0].prompt_ids) + sum(lengths)])]
+    assert mask.sum(1).tolist() == lengths and logps.shape == (5, max(lengths))
