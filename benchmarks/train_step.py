@@ -11,15 +11,16 @@ prompt's KV cache repeated to right-padded rows), on the same samples, interleav
 
 Then where the step runs: `rl_step` on the engine's thread (`GenerationEngine.run`, what
 `TorchBackend.train` does) and on a thread of its own beside the engine's live OpenMP pool (what
-it did until 2026-11-27), the same samples, interleaved.
+it did until 2026-11-27), the same samples, interleaved. Everything else runs on the engine's
+thread too: a main thread that ran torch would hold a pool of its own and throttle both.
 
     uv run python benchmarks/train_step.py [--repeats 3] [--groups 6] [--group-size 6]
         [--before /tmp/train_before.py]
 
 Prints one line per result: medians over repeats, tokens/s through forward+backward, the
 GFLOP/s that implies (about 4 x 107 M non-embedding parameters x positions, plus the kept
-logits: the frozen base needs input gradients only) next to a 2-core AVX2 fp32 peak of about
-160 GFLOP/s, and peak RSS.
+logits: the frozen base needs input gradients only) next to the fp32 peak of 2 cores (about
+160 GFLOP/s on AVX2, 360 on AVX-512), and peak RSS.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def layouts_report(model, samples: list[T.Sample], pad: int, repeats: int) -> No
         print(
             f"backward {name:>13}, {n} thread(s): {wall:.2f} s "
             f"({medians[('bucketed', n)] / wall:.2f}x bucketed), {tokens / wall:.0f} trained "
-            f"tokens/s, {gflops(LAYOUTS[name](samples), wall):.1f} GFLOP/s (peak ~160); "
+            f"tokens/s, {gflops(LAYOUTS[name](samples), wall):.1f} GFLOP/s (2-core fp32 peak: ~160 AVX2, ~360 AVX-512); "
             f"positions {real} real / {done} computed; CPU user {user:.2f} s sys {sys_:.2f} s"
         )
 
@@ -239,19 +240,22 @@ async def main() -> None:
         samples, _ = T.samples_from_groups(groups, base.tokenizer, scale_rewards=True)
         pad = base.tokenizer.pad_token_id
         ours, naive = [], []
-        with base.lock:
+        engine = base.engine  # all torch work on its thread: one OpenMP pool, as in a run
+
+        def logits_report() -> None:
             for _ in range(args.repeats):
                 layout = bucketed(samples)
                 ours.append(timed_backward(base.model, layout, pad, T.completion_logprobs))
                 naive.append(timed_backward(base.model, layout, pad, naive_logprobs))
+
+        await engine.run(logits_report)
         o, n = statistics.median(ours), statistics.median(naive)
         print(
             f"policy_loss backward, completion-only logits: {o:.2f} s; full-vocabulary logits: {n:.2f} s; speed-up {n / o:.2f}x"
         )
-        with base.lock:
-            layouts_report(base.model, samples, pad, args.repeats)
-            if args.before:
-                before_report(base.model, samples, pad, args.repeats, args.before)
+        await engine.run(layouts_report, base.model, samples, pad, args.repeats)
+        if args.before:
+            await engine.run(before_report, base.model, samples, pad, args.repeats, args.before)
         await thread_report(backend, trainee, samples, args.repeats)
         sft = [
             art.Trajectory(
