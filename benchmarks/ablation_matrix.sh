@@ -15,7 +15,7 @@ run() {  # a finished run (summary.json present) is not re-entered: its wall tim
   python3 -m uv run --locked python -m art_rlvr.run scenario=arith eval_test=true \
       run_name="$name" "$@"
 }
-GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 group_size=2
+GEPA=(max_metric_calls=64 pareto_size=8 traces_per_iteration=4 gepa.group_size=2
       reflection.max_tokens=256 reflection.timeout_s=600 report_val_limit=0)
 for seed in "${SEEDS[@]}"; do
   run "abl-rl-s$seed" seed="$seed" mode=rl n_batches=8 eval_every=8

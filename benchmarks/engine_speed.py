@@ -21,7 +21,7 @@ batch, in one process, on the same weights, prompts and forced token count:
     uv run python benchmarks/engine_speed.py [--tokens 32] [--batches 1 8 32] [--repeats 2]
         [--variants] [--before /tmp/engine_before.py] [--tuner-before /tmp/threads_before.py]
         [--llama-python /tmp/llama/bin/python] [--profile]
-        [--competitor nice|run]
+        [--competitor nice|run] [--no-http] [--no-cb]
 
 `--competitor` measures every setting twice per repeat, idle and beside a competing process on
 the same cores (`nice`: a busy loop at nice 19; `run`: another art_rlvr process evaluating), and
@@ -112,14 +112,17 @@ async def http_rate(client, name: str, b: int, tokens: int) -> float:
 def hf_rate(base: A.Base, prompts: list[list[int]], tokens: int) -> float:
     width = max(len(p) for p in prompts)
     pad = base.tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    device = base.model.device  # the engine's device: CUDA where there is one
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with base.lock, torch.inference_mode(), base.model.disable_adapter():
         started = time.perf_counter()
         out = base.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad,
         )  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - started
     return (out.shape[1] - width) * len(prompts) / elapsed
 
@@ -293,6 +296,7 @@ async def main() -> None:
     parser.add_argument("--tuner-before", help="a threads module file whose tuner to compare")
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--no-cb", action="store_true", help="skip transformers generate_batch")
+    parser.add_argument("--no-http", action="store_true", help="skip the requests over HTTP")
     parser.add_argument(
         "--variants",
         action="store_true",
@@ -359,8 +363,9 @@ async def main() -> None:
                 hf_rate, base, prompts[b], args.tokens, threads=usable_cores()
             ),
             "engine": lambda b: engine_rate(engine, prompts[b], args.tokens),
-            "http": lambda b: http_rate(client, base_name, b, args.tokens),
         }
+        if not args.no_http:
+            runs["http"] = lambda b: http_rate(client, base_name, b, args.tokens)
         if fixed is not None:
             runs["engine_fixed_threads"] = lambda b: engine_rate(fixed, prompts[b], args.tokens)
         if before is not None:
