@@ -12,6 +12,10 @@ whatever the row count M of the product and the row's place in it? That separate
 row-count rule can fix (the linears) from the part that needs per-row attention.
 
     uv run python benchmarks/batch_invariance.py [--model embedded:SmolLM2-135M-Instruct]
+        [--dtype float32|bfloat16]
+
+`--dtype bfloat16` asks it of bf16 weights (oneDNN's kernels, AMX where the cores have it);
+TorchBackend runs fp32 on CPU, where the rules of `art_rlvr/backend/invariant.py` were measured.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ def last_logits(model: torch.nn.Module, rows: list[list[int]], pad_id: int) -> t
     return out.logits[:, -1].float()
 
 
-def linear_rows(k: int, n: int, counts: range, seed: int = 0) -> list[tuple[int, int]]:
+def linear_rows(
+    k: int, n: int, counts: range, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> list[tuple[int, int]]:
     """(M, place) pairs where a row's `F.linear` output differs from the same row among 4 rows."""
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(n, k, generator=gen)
-    row, others = torch.randn(k, generator=gen), torch.randn(max(counts), k, generator=gen)
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    row = torch.randn(k, generator=gen).to(dtype)
+    others = torch.randn(max(counts), k, generator=gen).to(dtype)
     ref = torch.nn.functional.linear(torch.cat([row[None], others[:3]]), weight)[0]
     differing = []
     for m in counts:
@@ -55,14 +62,17 @@ def linear_rows(k: int, n: int, counts: range, seed: int = 0) -> list[tuple[int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded:SmolLM2-135M-Instruct")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
     torch.manual_seed(0)
-    base = load_base(args.model, torch.device("cpu"), torch.float32)
+    dtype = getattr(torch, args.dtype)
+    base = load_base(args.model, torch.device("cpu"), dtype)
     prompt = base.tokenizer(PROMPT)["input_ids"]
     pad = base.tokenizer.pad_token_id or 0
     alone = last_logits(base.model, [prompt], pad)[0]
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {len(prompt)} tokens"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
+        f"prompt {len(prompt)} tokens"
     )
     print("max |logit - alone|")
     for copies in (1, 3, 11):
@@ -81,9 +91,9 @@ def main() -> None:
     }
     print("linear rows differing from the same row among 4 (M, place):")
     for name, (k, n) in shapes.items():
-        small = linear_rows(k, n, range(1, 4))
-        other = [d for d in linear_rows(k, n, range(5, 41)) if d[0] % 4]
-        by_four = linear_rows(k, n, range(4, 161, 4))
+        small = linear_rows(k, n, range(1, 4), dtype)
+        other = [d for d in linear_rows(k, n, range(5, 41), dtype) if d[0] % 4]
+        by_four = linear_rows(k, n, range(4, 161, 4), dtype)
         print(f"  {name:8s} M 1-3: {len(small)} of 6; M 5-39 not a multiple of 4: {other[:4]}")
         print(f"  {name:8s} M a multiple of 4 up to 160: {by_four or 'none'}")
 
