@@ -71,7 +71,7 @@ def make_engine(backend: TorchBackend):
             base.model,
             base.tokenizer,
             model_lock=base.lock,
-            select_adapter=lambda name: A.select(base, name),
+            select_adapter=lambda name: A.serve(base, name),
             **options,
         )
 

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from art_rlvr.backend import checkpoints as ckpt
 from art_rlvr.backend.engine import GenerationEngine
+from art_rlvr.backend.merged import MergedWeights
 from art_rlvr.backend.model_source import resolve_base_model
 from art_rlvr.backend.served import ServedLog
 from art_rlvr.backend.server import ModelNotFound
@@ -66,6 +67,7 @@ class Base:
     tokenizer: Any
     lock: threading.RLock
     engine: GenerationEngine | None = None
+    merged: MergedWeights | None = None  # the engine's folded adapter weights (`serve`)
 
 
 @dataclass
@@ -126,6 +128,18 @@ def select(base: Base, adapter: str | None) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def serve(base: Base, adapter: str | None) -> Iterator[None]:
+    """`select` for the engine's decoding: the adapter folded into the weights where it can be
+    (`merged`), peft's LoRA layers otherwise."""
+    with select(base, adapter):
+        if adapter is None or base.merged is None:
+            yield
+        else:
+            with base.merged.serving(adapter):
+                yield
+
+
 def exclusive(base: Base) -> contextlib.AbstractContextManager[Any]:
     """The model to ourselves: the engine lets running sequences finish and admits none."""
     return base.engine.exclusive() if base.engine is not None else base.lock
@@ -149,6 +163,7 @@ def attach(
             base.model.add_adapter(adapter, config)
         else:
             base.model = get_peft_model(base.model, config, adapter_name=adapter)
+            base.merged = MergedWeights(base.model)
             base.engine = make_engine(base)
         base.model.set_adapter(adapter)
         params = [p for n, p in base.model.named_parameters() if f".{adapter}." in n]
@@ -253,7 +268,10 @@ def step_adapter(trainee: Trainee, step: int, *, max_cached: int) -> str:
             victim = next((s for s in trainee.step_adapters if s not in trainee.leases), None)
             if victim is None:
                 break
-            trainee.base.model.delete_adapter(trainee.step_adapters.pop(victim))
+            evicted = trainee.step_adapters.pop(victim)
+            trainee.base.model.delete_adapter(evicted)
+            if trainee.base.merged is not None:
+                trainee.base.merged.forget(evicted)
     return name
 
 

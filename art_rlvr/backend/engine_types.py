@@ -48,6 +48,7 @@ class TokenEvent:
 @dataclass
 class EngineStats:
     batches: int = 0
+    prefills: int = 0  # prefill passes (one per group of requests admitted together)
     sequences: int = 0
     completion_tokens: int = 0
     prompt_tokens: int = 0

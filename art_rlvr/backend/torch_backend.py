@@ -384,7 +384,7 @@ class TorchBackend:
             base.model,
             base.tokenizer,
             model_lock=base.lock,
-            select_adapter=lambda name: A.select(base, name),
+            select_adapter=lambda name: A.serve(base, name),
             max_batch_rows=self.max_batch_rows,
             seed=self.seed,
             max_context=self.max_context,

@@ -111,6 +111,47 @@ async def test_32_concurrent_requests_are_batched(model, backend) -> None:
     assert time.perf_counter() - started < 120
 
 
+async def arrive_apart(engine, prompt: list[int], count: int, gap: float) -> None:
+    """`count` requests `gap` seconds apart, as a burst of HTTP requests reaches the engine."""
+    tasks = []
+    for i in range(count):
+        params = SamplingParams(max_tokens=2, temperature=1.0, seed=i)
+        tasks.append(asyncio.create_task(engine.generate(prompt, params, adapter=None)))
+        await asyncio.sleep(gap)
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.parametrize(
+    ("window", "prefills"),
+    [(None, "one"), (0.01, "several")],
+    ids=[
+        "the default window takes a burst 8 ms apart whole",
+        "a steady stream is cut at 8 windows",
+    ],
+)
+async def test_a_burst_of_requests_shares_one_prefill(
+    model, backend, make_engine, window, prefills
+):
+    """A GRPO step's requests reach the engine a few ms apart: they are prefilled together
+    (one prefill, no row a step behind), but arrivals that keep coming do not hold the first
+    prefill back beyond eight windows."""
+    base = next(iter(backend._bases.values()))
+    engine = make_engine(**({} if window is None else {"coalesce_seconds": window}))
+    try:
+        prompt = base.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True
+        )["input_ids"]
+        await arrive_apart(engine, prompt, 1, 0)  # the engine started (it times its threads)
+        before = engine.stats.prefills
+        await arrive_apart(engine, prompt, 16, 0.008)
+        if prefills == "one":
+            assert (engine.stats.prefills - before, engine.stats.max_batch_rows) == (1, 16)
+        else:  # 16 arrivals over ~130 ms against an 80 ms cap
+            assert engine.stats.prefills - before >= 2
+    finally:
+        engine.close()
+
+
 def logprob_tolerance(backend) -> float:
     """fp32 on CPU agrees to 2e-3 whatever the batch; bf16 on CUDA does not: its kernels
     depend on the batch's shape, and an H100 gave up to 0.067 between a prompt alone and the
