@@ -13,9 +13,12 @@ process, at steps 0, 8, 16 and 24 (art_rlvr's checkpoints and TRL's adapters sav
 steps are served by one TorchBackend and evaluated with `art_rlvr.evaluate`).
 
     uv run --group bench python benchmarks/trl_grpo.py [--seed 0] [--steps 24] [--out DIR]
-        [--trl-scheduler linear|constant] [--quick]
+        [--trl-scheduler linear|constant] [--trl-no-checkpointing] [--quick]
 
 `--quick` (2 steps, 20 val items) checks the pipeline in minutes; its numbers mean nothing.
+`--trl-no-checkpointing` runs TRL without gradient checkpointing (TRL's default recomputes each
+forward in the backward to save memory, which a 135M model does not need): TRL at its fastest
+on this budget, in a folder of its own.
 
 Each side runs in its own process, one after the other (the art_rlvr CLI, then this script with
 `--part trl`); a finished side is read back, not run again (delete its folder to measure again).
@@ -76,13 +79,16 @@ def eval_steps(steps: int) -> list[int]:
     return sorted({*range(0, steps, EVAL_EVERY), steps})
 
 
-def trl_side(out: Path, seed: int, steps: int, scheduler: str, quick: bool) -> dict[str, Any]:
-    trl_dir = out / f"trl-{scheduler}"
+def trl_side(
+    out: Path, seed: int, steps: int, scheduler: str, quick: bool, checkpointing: bool
+) -> dict[str, Any]:
+    trl_dir = out / trl_folder(scheduler, checkpointing)
     if not (trl_dir / "result.json").exists():
         shutil.rmtree(trl_dir, ignore_errors=True)
         command = [
             sys.executable, __file__, "--part", "trl", "--seed", str(seed), "--steps", str(steps),
             "--out", str(out), "--trl-scheduler", scheduler, *(["--quick"] if quick else []),
+            *([] if checkpointing else ["--trl-no-checkpointing"]),
         ]  # fmt: skip
         print("TRL:", " ".join(command[1:]), flush=True)
         import art_rlvr  # noqa: F401  (sets GOMP_SPINCOUNT's default, as for any art_rlvr run)
@@ -92,7 +98,11 @@ def trl_side(out: Path, seed: int, steps: int, scheduler: str, quick: bool) -> d
     return json.loads((trl_dir / "result.json").read_text())
 
 
-def run_trl(out: Path, seed: int, steps: int, scheduler: str) -> None:
+def trl_folder(scheduler: str, checkpointing: bool) -> str:
+    return f"trl-{scheduler}" + ("" if checkpointing else "-no-checkpointing")
+
+
+def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: bool) -> None:
     """GRPOTrainer on art_rlvr's batches (the same prompts, in order); adapters saved at the
     evaluated steps; generation (generate + reward + old logprobs) timed apart from training."""
     import torch
@@ -105,7 +115,7 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str) -> None:
     from art_rlvr.backend.model_source import resolve_base_model
     from art_rlvr.config import RunConfig
 
-    trl_dir = out / f"trl-{scheduler}"
+    trl_dir = out / trl_folder(scheduler, checkpointing)
     trl_dir.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(scenario="arith", seed=seed)  # art_rlvr's defaults: the shared knobs
     task = load_task("arith", seed=seed)
@@ -139,6 +149,7 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str) -> None:
         top_p=cfg.top_p,
         shuffle_dataset=False,  # art_rlvr's batch b at step b
         dataloader_num_workers=0,
+        **({} if checkpointing else {"gradient_checkpointing": False}),
     )
     peft = LoraConfig(
         r=lora.rank,
@@ -291,16 +302,23 @@ def main() -> None:
     parser.add_argument("--trl-scheduler", default="linear", choices=["linear", "constant"])
     parser.add_argument("--quick", action="store_true", help="2 steps, 20 val items: a smoke run")
     parser.add_argument("--part", choices=["all", "trl"], default="all")
+    parser.add_argument(
+        "--trl-no-checkpointing",
+        action="store_true",
+        help="TRL without gradient checkpointing (its default recomputes the forward)",
+    )
     args = parser.parse_args()
     steps = 2 if args.quick else args.steps
     out = args.out or Path("runs") / f"trl-grpo-s{args.seed}{'-quick' if args.quick else ''}"
     if args.part == "trl":
-        run_trl(out, args.seed, steps, args.trl_scheduler)
+        run_trl(out, args.seed, steps, args.trl_scheduler, not args.trl_no_checkpointing)
         return
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {os.getloadavg()[0]:.2f}", flush=True)
     art = art_side(out, args.seed, steps, args.quick)
-    trl = trl_side(out, args.seed, steps, args.trl_scheduler, args.quick)
+    trl = trl_side(
+        out, args.seed, steps, args.trl_scheduler, args.quick, not args.trl_no_checkpointing
+    )
     val = asyncio.run(
         score(
             {"art_rlvr": art["checkpoints"], "TRL": trl["checkpoints"]},
