@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from pathlib import Path
@@ -63,15 +64,16 @@ def make_model(backend: TorchBackend):
 @pytest.fixture(scope="session")
 def make_engine(backend: TorchBackend):
     """Factory: another GenerationEngine on the shared base model (a model must be registered
-    first, e.g. the `model` fixture), with `options`; close it after use."""
+    first, e.g. the `model` fixture), with `options` (`fold=True`: adapters decoded folded, as
+    `TorchBackend(fold_adapters=True)` does); close it after use."""
 
-    def make(**options) -> GenerationEngine:
+    def make(*, fold: bool = False, **options) -> GenerationEngine:
         base = next(iter(backend._bases.values()))
         return GenerationEngine(
             base.model,
             base.tokenizer,
             model_lock=base.lock,
-            select_adapter=lambda name: A.serve(base, name),
+            select_adapter=functools.partial(A.serve if fold else A.select, base),
             **options,
         )
 

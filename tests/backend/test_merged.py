@@ -143,3 +143,36 @@ def test_what_cannot_be_folded_runs_through_peft(dtype, extra) -> None:
         assert not folded
         assert torch.equal(logits(model), expected)
     assert merged.builds == 0
+
+
+async def test_an_engine_decoding_folded_samples_what_peft_samples(model, backend, make_engine):
+    """`TorchBackend(fold_adapters=True)`'s engine against the default one, on a trainee's
+    adapter with non-zero B: the same greedy tokens, logprobs equal up to rounding."""
+    from art_rlvr.backend.engine import SamplingParams
+
+    trainee = backend._trainees[model.name]
+    base = trainee.base
+    state = get_peft_model_state_dict(base.model, adapter_name=trainee.adapter)
+    saved = {k: v.clone() for k, v in state.items()}
+    assert base.merged is not None
+    builds = base.merged.builds
+    randomise(base.model, trainee.adapter, 5)
+    folded, plain = make_engine(fold=True), make_engine()
+    try:
+        prompts = [
+            base.tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True
+            )["input_ids"]
+            for a, b in ((3, 4), (12, 9), (7, 18))
+        ]
+        greedy = SamplingParams(max_tokens=8, temperature=0)
+        for prompt in prompts:
+            (a,) = await folded.generate(prompt, greedy, adapter=trainee.adapter)
+            (b,) = await plain.generate(prompt, greedy, adapter=trainee.adapter)
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert base.merged.builds == builds + 1  # the folded engine folded, once
+    finally:
+        folded.close()
+        plain.close()
+        set_peft_model_state_dict(base.model, saved, adapter_name=trainee.adapter)
