@@ -6,10 +6,10 @@ The batch is what the default RL run sends: 6 arith prompts x 6 samples, group b
 training; peft starts them at zero). Settings, each on the same weights and prompts,
 interleaved within every repeat:
 
-- `folded`: the engine of `TorchBackend(fold_adapters=True)` (the adapter folded into a copy
-  of the weights it adapts, `art_rlvr/backend/merged.py`; off by default: seeded runs part
-  after a few steps with it, docs/results.md 2026-11-27);
-- `peft`: the same engine decoding through peft's LoRA layers (`adapters.select`, the default);
+- `folded`: the engine of `TorchBackend()` (the default: the adapter folded into a copy of
+  the weights it adapts, `art_rlvr/backend/merged.py`);
+- `peft`: the same engine decoding through peft's LoRA layers (`adapters.select`, what
+  `TorchBackend(fold_adapters=False)` does);
 - `before` (with `--before FILE`, an engine module, e.g.
   `git show a7a0423:art_rlvr/backend/engine.py > /tmp/engine_before.py`): that module's engine
   through peft's layers, i.e. the engine before both changes;
@@ -95,7 +95,7 @@ async def main() -> None:
     args = parser.parse_args()
     print(f"torch {torch.__version__}, load {os.getloadavg()[0]:.2f}, {time.strftime('%F %T')}")
     with tempfile.TemporaryDirectory() as tmp:
-        backend = TorchBackend(path=tmp, seed=0, fold_adapters=True)
+        backend = TorchBackend(path=tmp, seed=0)
         model = art.TrainableModel(
             name="bench", project="bench", run_name="bench", base_model=DEFAULT_BASE_MODEL
         )

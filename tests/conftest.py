@@ -64,10 +64,10 @@ def make_model(backend: TorchBackend):
 @pytest.fixture(scope="session")
 def make_engine(backend: TorchBackend):
     """Factory: another GenerationEngine on the shared base model (a model must be registered
-    first, e.g. the `model` fixture), with `options` (`fold=True`: adapters decoded folded, as
-    `TorchBackend(fold_adapters=True)` does); close it after use."""
+    first, e.g. the `model` fixture), with `options` (`fold=False`: adapters decoded through
+    peft's LoRA layers, as `TorchBackend(fold_adapters=False)` does); close it after use."""
 
-    def make(*, fold: bool = False, **options) -> GenerationEngine:
+    def make(*, fold: bool = True, **options) -> GenerationEngine:
         base = next(iter(backend._bases.values()))
         return GenerationEngine(
             base.model,

@@ -158,9 +158,13 @@ def shared_prompt_logprobs(
     bias = torch.zeros(allowed.shape, dtype=weights.dtype, device=device)
     bias = bias.masked_fill(~allowed, torch.finfo(weights.dtype).min)[None, None]
     offsets = [start + sum(lengths[:i]) for i in range(len(lengths))]
-    # the position whose logits predict each completion token: the prompt's last, then its own
-    predicting = [
-        p for o, n in zip(offsets, lengths, strict=True) for p in [start - 1, *range(o, o + n - 1)]
+    # the positions whose logits predict a completion token, each kept once: the prompt's last
+    # (it predicts every completion's first token), then each completion's own but its last.
+    # Kept once per completion, the prompt's last made the backward an accumulating scatter
+    # over repeated indices, which CPU torch sums in thread-timing order: a seeded run's
+    # gradients then changed from run to run in the last bits (docs/results.md, 2026-11-27).
+    predicting = [start - 1] + [
+        p for o, n in zip(offsets, lengths, strict=True) for p in range(o, o + n - 1)
     ]
     ids = torch.tensor([prompt + [t for c in completions for t in c]], device=device)
     logits = model(
@@ -169,12 +173,20 @@ def shared_prompt_logprobs(
         position_ids=positions[None],
         logits_to_keep=torch.tensor(predicting, device=device),
     ).logits[0]
-    targets = ids[0, start:]
-    flat = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
+    logps_kept = torch.log_softmax(logits.float(), dim=-1)
     rows, k = len(completions), max(lengths)
+    # every completion's first token from the one prompt row, through an expand (its backward
+    # is a sum over rows in a fixed order); the other tokens from their own rows, one each
+    firsts = torch.tensor([c[0] for c in completions], device=device).view(-1, 1)
+    first = logps_kept[0].expand(rows, -1).gather(-1, firsts)[:, 0]
+    others = torch.tensor([t for c in completions for t in c[1:]], dtype=torch.long, device=device)
+    rest = logps_kept[1:].gather(-1, others.view(-1, 1))[:, 0]
     row = torch.tensor([i for i, n in enumerate(lengths) for _ in range(n)], device=device)
     column = torch.tensor([k - n + j for n in lengths for j in range(n)], device=device)
-    logps = flat.new_zeros(rows, k).index_put((row, column), flat)
+    is_first = torch.tensor([j == 0 for n in lengths for j in range(n)], device=device)
+    logps = logps_kept.new_zeros(rows, k)
+    logps = logps.index_put((row[is_first], column[is_first]), first)
+    logps = logps.index_put((row[~is_first], column[~is_first]), rest)
     mask = torch.zeros(rows, k, dtype=torch.bool, device=device)
     mask[row, column] = True
     return logps, mask

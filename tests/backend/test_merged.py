@@ -146,7 +146,7 @@ def test_what_cannot_be_folded_runs_through_peft(dtype, extra) -> None:
 
 
 async def test_an_engine_decoding_folded_samples_what_peft_samples(model, backend, make_engine):
-    """`TorchBackend(fold_adapters=True)`'s engine against the default one, on a trainee's
+    """`TorchBackend`'s engine (adapters folded) against `fold_adapters=False`'s, on a trainee's
     adapter with non-zero B: the same greedy tokens, logprobs equal up to rounding."""
     from art_rlvr.backend.engine import SamplingParams
 
@@ -157,7 +157,7 @@ async def test_an_engine_decoding_folded_samples_what_peft_samples(model, backen
     assert base.merged is not None
     builds = base.merged.builds
     randomise(base.model, trainee.adapter, 5)
-    folded, plain = make_engine(fold=True), make_engine()
+    folded, plain = make_engine(), make_engine(fold=False)
     try:
         prompts = [
             base.tokenizer.apply_chat_template(

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from art_rlvr.backend import steps
 from art_rlvr.backend import train as T
@@ -53,12 +54,10 @@ def test_length_buckets_pad_less_and_keep_every_item() -> None:
 async def test_bucketed_microbatches_give_the_unbucketed_loss_and_gradient(backend, model) -> None:
     """fp32: the summed policy loss over length buckets equals the arrival-order one to 1e-5,
     and so do the LoRA gradients (relative to their norm)."""
-    trainee = backend._trainees[model.name]
-    base = trainee.base
-    params = [p for g in trainee.optimizer.param_groups for p in g["params"]]
+    base, adapter, params = trained_parts(backend, model)
     items = samples(1)
     with base.lock:
-        base.model.set_adapter(trainee.adapter)
+        base.model.set_adapter(adapter)
         results = []
         for chunks in (
             [items[i : i + 4] for i in range(0, len(items), 4)],
@@ -73,6 +72,14 @@ async def test_bucketed_microbatches_give_the_unbucketed_loss_and_gradient(backe
         torch.cat([g.flatten() for g in grads_b]),
     )
     assert float((flat_a - flat_b).norm() / flat_a.norm()) < 1e-4
+
+
+def trained_parts(backend, model) -> tuple:
+    """The shared model's base, its adapter's name and the LoRA parameters its optimizer
+    trains."""
+    trainee = backend._trainees[model.name]
+    params = [p for g in trainee.optimizer.param_groups for p in g["params"]]
+    return trainee.base, trainee.adapter, params
 
 
 def groups(seed: int) -> list[T.Sample]:
@@ -114,13 +121,11 @@ async def test_a_shared_prompt_gives_the_per_sample_logprobs_loss_and_gradient(
 ) -> None:
     """fp32: a group's prompt run once and shared by its rows gives each completion's
     logprobs, the mask, the loss and the LoRA gradients of running every sequence in full."""
-    trainee = backend._trainees[model.name]
-    base = trainee.base
-    params = [p for g in trainee.optimizer.param_groups for p in g["params"]]
+    base, adapter, params = trained_parts(backend, model)
     items = groups(1)
     results = []
     with base.lock:
-        base.model.set_adapter(trainee.adapter)
+        base.model.set_adapter(adapter)
         group = items[:5]
         full, full_mask = T.completion_logprobs(
             base.model, [s.prompt_ids for s in group], [s.completion_ids for s in group], 2
@@ -169,3 +174,61 @@ async def test_a_group_runs_as_one_sequence_without_padding(backend, model) -> N
     assert len(set(lengths)) > 1  # padding would have been needed
     assert seen == [torch.Size([1, len(group[0].prompt_ids) + sum(lengths)])]
     assert mask.sum(1).tolist() == lengths and logps.shape == (5, max(lengths))
+
+
+class AccumulatingScatters(TorchDispatchMode):
+    """Records every op that adds several values into one element: CPU torch sums those in
+    the order its threads happen to reach them, so the result's last bits vary run to run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in ("index_put", "index_put_", "_index_put_impl_"):
+            accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+            indices = [i for i in args[1] if i is not None]
+            if accumulate and _repeats(torch.stack(torch.broadcast_tensors(*indices), -1)):
+                self.found.append(name)
+        elif name in ("index_add", "index_add_") and _repeats(args[2][:, None]):
+            self.found.append(name)
+        elif name in ("scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"):
+            index, dim = args[2], args[1] % args[2].dim()
+            coords = torch.stack(
+                torch.meshgrid(*[torch.arange(n) for n in index.shape], indexing="ij"), -1
+            )
+            coords[..., dim] = index
+            if _repeats(coords):
+                self.found.append(name)
+        return func(*args, **kwargs)
+
+
+def _repeats(coordinates: torch.Tensor) -> bool:
+    flat = coordinates.reshape(-1, coordinates.shape[-1])
+    return len(torch.unique(flat, dim=0)) < len(flat)
+
+
+async def test_a_training_backward_adds_nothing_in_thread_order(backend, model) -> None:
+    """A group's gradient never adds several values into one element through a scatter, whose
+    order CPU torch leaves to its threads: with the prompt's last position kept once per
+    completion, a seeded run's gradients differed between two runs (docs/results.md,
+    2026-11-27)."""
+    base, adapter, params = trained_parts(backend, model)
+    items = groups(3)
+    with base.lock:
+        base.model.set_adapter(adapter)
+        chunks = steps.microbatches(items, 8)
+        assert any(shared and len(c) > 2 for shared, c in chunks)
+        total = torch.zeros(())
+        for is_shared, chunk in chunks:
+            new, mask = steps.chunk_logprobs(base.model, chunk, is_shared, pad=2)
+            advantages = torch.tensor([s.advantage for s in chunk])
+            loss, _ = T.policy_loss(
+                new, new.detach(), advantages, mask, loss_fn="cispo", epsilon=0.2, epsilon_high=0.2
+            )
+            total = total + loss
+        with AccumulatingScatters() as seen:
+            torch.autograd.grad(total, params)
+    assert seen.found == []
