@@ -104,6 +104,64 @@ def test_rl_survives_sigkill_and_resumes_without_lost_or_repeated_steps(
     assert "resuming at step" in (run_dir / "run.log").read_text()
 
 
+def sampled_and_trained(run_dir: Path) -> tuple[list, list]:
+    """Every sampled token and logprob of a run's training rollouts, by file and position,
+    and each step's training figures (loss, gradient norm, importance ratio)."""
+    sampled = [
+        [
+            (choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]])
+            for group in map(json.loads, path.read_text().splitlines())
+            for trajectory in group["trajectories"]
+            for choice in trajectory["messages_and_choices"]
+            if "logprobs" in choice
+        ]
+        for path in sorted((run_dir / "trajectories").glob("train_*.jsonl"))
+    ]
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [
+        [e[f"train/{key}"] for key in ("loss", "grad_norm", "ratio_mean")]
+        for e in events
+        if e["event"] == "train"
+    ]
+    return sampled, trained
+
+
+def test_two_seeded_runs_started_together_sample_and_train_the_same_bits(tmp_path: Path) -> None:
+    """The same seed, two runs at once on the same cores: every sampled token and logprob and
+    every step's loss and gradient norm are equal bit for bit. The load makes each run's
+    threads meet in other orders; a gradient summed in thread order had made two such runs
+    part at step 2 or 3 (docs/results.md, 2026-11-27)."""
+    args = [
+        "scenario=arith",
+        "n_batches=3",
+        "groups_per_batch=3",
+        "group_size=6",
+        "max_tokens=24",
+        "val_limit=2",
+        "eval_every=8",
+        "eval_test=false",
+        "learning_rate=1e-4",
+    ]
+    runs = [tmp_path / name for name in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "art_rlvr.run", *args, f"run_dir={run}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for run in runs
+    ]
+    for proc in procs:
+        _, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr[-2000:]
+    (sampled_a, trained_a), (sampled_b, trained_b) = map(sampled_and_trained, runs)
+    assert len(sampled_a) == 3 and all(len(step) == 18 for step in sampled_a)
+    assert len(trained_a) == 3 and any(norm > 0 for _, norm, _ in trained_a)
+    assert sampled_a == sampled_b
+    assert trained_a == trained_b
+
+
 def test_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:
     run_dir = tmp_path / "bad"
     run_dir.mkdir()
