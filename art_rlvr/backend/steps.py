@@ -2,11 +2,20 @@
 
 Each function takes the model to itself (`adapters.exclusive`), selects the trainee's adapter,
 and returns the step's metrics. The token math lives in `train`.
+
+A step's microbatches are independent until their gradients are summed, so on CPU they run on
+`workers` threads of one intra-op thread each (`accumulate`): a microbatch's Python and small
+ops no longer leave the other core idle at each of its hundreds of parallel regions. The
+gradients are summed in microbatch order, as `backward()` one after the other would, and each
+microbatch's ops run on one thread, so a seeded step gives the same bits at any worker count.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +39,19 @@ class RLSettings(BaseModel):
     microbatch_size: int
 
 
-def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[str, float]:
+class ChunkStats(NamedTuple):
+    """One microbatch's share of a step's metrics (sums over its trained tokens)."""
+
+    loss: float
+    kl: float
+    tokens: float
+    ratio_sum: float
+    clip_sum: float
+
+
+def rl_step(
+    trainee: Trainee, samples: list[T.Sample], cfg: RLSettings, *, workers: int = 1
+) -> dict[str, float]:
     """One policy-gradient step; the loss is divided by the number of trained tokens."""
     started = time.perf_counter()
     tokens = sum(s.trained_count for s in samples)
@@ -46,12 +67,15 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
         return out | {"seconds": time.perf_counter() - started}
     base = trainee.base
     pad = base.tokenizer.pad_token_id or 0
-    ratio_sum = clip_sum = 0.0
     with exclusive(base):
         base.model.set_adapter(trainee.adapter)
         set_lr(trainee.optimizer, cfg.learning_rate)
         trainee.optimizer.zero_grad(set_to_none=True)
-        for shared, chunk in microbatches(samples, cfg.microbatch_size):
+        chunks = microbatches(samples, cfg.microbatch_size)
+        refs = reference_logprobs(base.model, chunks, pad) if cfg.kl_coef > 0 else None
+
+        def chunk_loss(index: int) -> tuple[torch.Tensor, ChunkStats]:
+            shared, chunk = chunks[index]
             new, mask = chunk_logprobs(base.model, chunk, shared, pad)
             mask = mask & trained_mask(chunk, new.shape[1], new.device)
             old = old_logprobs(chunk, new)
@@ -65,17 +89,23 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
                 epsilon=cfg.epsilon,
                 epsilon_high=cfg.epsilon_high,
             )
-            if cfg.kl_coef > 0:
-                with torch.no_grad(), base.model.disable_adapter():
-                    ref, _ = chunk_logprobs(base.model, chunk, shared, pad)
-                kl = T.kl_k3(new, ref, mask)
-                loss = loss + cfg.kl_coef * kl
-                out["kl"] += float(kl) / tokens
-            (loss / tokens).backward()
-            out["loss"] += float(loss.detach()) / tokens
+            kl = 0.0
+            if refs is not None:
+                kl_sum = T.kl_k3(new, refs[index], mask)
+                loss = loss + cfg.kl_coef * kl_sum
+                kl = float(kl_sum.detach()) / tokens
             chunk_tokens = float(mask.sum())
-            ratio_sum += diag["ratio_mean"] * chunk_tokens
-            clip_sum += diag["clip_fraction"] * chunk_tokens
+            stats = ChunkStats(
+                loss=float(loss.detach()) / tokens,
+                kl=kl,
+                tokens=chunk_tokens,
+                ratio_sum=diag["ratio_mean"] * chunk_tokens,
+                clip_sum=diag["clip_fraction"] * chunk_tokens,
+            )
+            return loss / tokens, stats
+
+        workers = parallel_workers(base.model, workers)
+        done = list(accumulate(chunk_loss, len(chunks), trained_params(trainee), workers))
         norm = _clip(trainee, cfg.max_grad_norm)
         if not torch.isfinite(norm):
             trainee.optimizer.zero_grad(set_to_none=True)
@@ -83,15 +113,97 @@ def rl_step(trainee: Trainee, samples: list[T.Sample], cfg: RLSettings) -> dict[
         trainee.optimizer.step()
         trainee.optimizer.zero_grad(set_to_none=True)
     return out | {
+        "loss": running_sum(c.loss for c in done),
+        "kl": running_sum(c.kl for c in done),
         "grad_norm": float(norm),
-        "ratio_mean": ratio_sum / tokens,
-        "clip_fraction": clip_sum / tokens,
+        "ratio_mean": running_sum(c.ratio_sum for c in done) / tokens,
+        "clip_fraction": running_sum(c.clip_sum for c in done) / tokens,
         "seconds": time.perf_counter() - started,
     }
 
 
+def reference_logprobs(
+    model: torch.nn.Module, chunks: list[tuple[bool, list[T.Sample]]], pad: int
+) -> list[torch.Tensor]:
+    """Each microbatch's log-probs under the base model (adapter off), before any microbatch
+    trains: turning the adapter off is a switch on the shared model, which no other thread
+    may be using at the time."""
+    with torch.no_grad(), model.disable_adapter():  # type: ignore[operator]
+        return [chunk_logprobs(model, chunk, shared, pad)[0] for shared, chunk in chunks]
+
+
+def accumulate[S](
+    chunk_loss: Callable[[int], tuple[torch.Tensor, S]],
+    count: int,
+    params: list[torch.nn.Parameter],
+    workers: int,
+) -> Iterator[S]:
+    """Backpropagate `chunk_loss(i)` for i in 0..count-1 into `params`' `.grad`, yielding each
+    microbatch's side results in order.
+
+    With `workers` > 1, microbatches run on that many threads of one intra-op thread each
+    and their gradients are added in index order: `backward()` one after the other adds the
+    same gradients in the same order. The threads end with the step (libgomp keeps a pool for
+    every thread that runs a parallel region; see `threads.in_own_thread`)."""
+    if workers <= 1 or count <= 1:
+        for index in range(count):
+            loss, side = chunk_loss(index)
+            loss.backward()
+            yield side
+        return
+
+    def gradients(index: int) -> tuple[tuple[torch.Tensor | None, ...], S]:
+        torch.set_num_threads(1)  # this thread's own count (torch keeps it per thread)
+        loss, side = chunk_loss(index)
+        return torch.autograd.grad(loss, params, allow_unused=True), side
+
+    pool = ThreadPoolExecutor(min(workers, count), thread_name_prefix="art-rlvr-chunk")
+    try:
+        for grads, side in pool.map(gradients, range(count)):
+            with torch.no_grad():
+                for param, grad in zip(params, grads, strict=True):
+                    if grad is None:
+                        continue
+                    if param.grad is None:
+                        param.grad = grad
+                    else:
+                        param.grad.add_(grad)
+            yield side
+    finally:  # after a failure, microbatches not yet started do not start
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def parallel_workers(model: torch.nn.Module, workers: int) -> int:
+    """Microbatch threads for a step: `workers` on CPU, one elsewhere (a GPU runs one
+    microbatch's kernels faster than two threads can feed it), and one where a forward draws
+    random numbers (dropout in training mode), whose order threads would make vary."""
+    device = next(model.parameters()).device
+    draws = model.training and any(
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()
+    )
+    return workers if device.type == "cpu" and not draws else 1
+
+
+def running_sum(values: Iterable[float]) -> float:
+    """Left to right, one rounding per term: Python's `sum` compensates float rounding since
+    3.12, which moved the reported loss's last digit from what earlier steps reported."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+def trained_params(trainee: Trainee) -> list[torch.nn.Parameter]:
+    return [p for group in trainee.optimizer.param_groups for p in group["params"]]
+
+
 def sft_step(
-    trainee: Trainee, batch: list[T.SFTSample], lr: float, microbatch_size: int
+    trainee: Trainee,
+    batch: list[T.SFTSample],
+    lr: float,
+    microbatch_size: int,
+    *,
+    workers: int = 1,
 ) -> dict[str, float]:
     started = time.perf_counter()
     base = trainee.base
@@ -101,11 +213,16 @@ def sft_step(
         set_lr(trainee.optimizer, lr)
         trainee.optimizer.zero_grad(set_to_none=True)
         total = sum(sum(s.loss_mask) for s in batch)
-        loss_sum = 0.0
-        for chunk in T.length_buckets(batch, microbatch_size, lambda s: len(s.input_ids)):
-            loss, _ = T.sft_loss(base.model, chunk, pad)
-            (loss / max(total, 1)).backward()
-            loss_sum += float(loss.detach())
+        chunks = T.length_buckets(batch, microbatch_size, lambda s: len(s.input_ids))
+
+        def chunk_loss(index: int) -> tuple[torch.Tensor, float]:
+            loss, _ = T.sft_loss(base.model, chunks[index], pad)
+            return loss / max(total, 1), float(loss.detach())
+
+        workers = parallel_workers(base.model, workers)
+        loss_sum = running_sum(
+            accumulate(chunk_loss, len(chunks), trained_params(trainee), workers)
+        )
         norm = _clip(trainee, 1.0)
         trainee.optimizer.step()
         trainee.optimizer.zero_grad(set_to_none=True)
@@ -172,8 +289,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def _clip(trainee: Trainee, max_norm: float) -> torch.Tensor:
-    params = [p for group in trainee.optimizer.param_groups for p in group["params"]]
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.clip_grad_norm_(trained_params(trainee), max_norm)
 
 
 def trained_mask(chunk: list[T.Sample], k: int, device: torch.device) -> torch.Tensor:

@@ -285,7 +285,8 @@ class TorchBackend:
         samples, stats = T.samples_from_groups(
             groups, trainee.tokenizer, scale_rewards=scale_rewards, policy=policy
         )
-        metrics = await self._torch(trainee.base, S.rl_step, trainee, samples, settings)
+        step = functools.partial(S.rl_step, workers=self.threads)
+        metrics = await self._torch(trainee.base, step, trainee, samples, settings)
         metrics |= {
             "groups_used": stats.used,
             "groups_skipped": stats.skipped,
@@ -329,8 +330,9 @@ class TorchBackend:
         if len(rates) != len(batches):
             raise ValueError(f"{len(rates)} learning rates for {len(batches)} SFT batches")
         for batch, rate in zip(batches, rates, strict=True):
+            step = functools.partial(S.sft_step, workers=self.threads)
             metrics = await self._torch(
-                trainee.base, S.sft_step, trainee, batch, float(rate), self.microbatch_size
+                trainee.base, step, trainee, batch, float(rate), self.microbatch_size
             )
             yield metrics | counts.metrics()  # the step's totals: ART averages over batches
         await self._torch(trainee.base, functools.partial(A.advance, optimizer_state=True), trainee)

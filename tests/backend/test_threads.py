@@ -173,9 +173,9 @@ async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_las
     seen: list[int] = []
     sft_step = S.sft_step
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        return sft_step(*args)
+        return sft_step(*args, **kwargs)
 
     monkeypatch.setattr(S, "sft_step", spy)
     loop = asyncio.get_running_loop()
@@ -207,9 +207,11 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
     backend, make_model, task
 ) -> None:
     """libgomp cuts every wait's spinning to 100 while the process holds more OpenMP workers
-    than cores, and each thread that runs torch keeps its own pool: a training step on a
-    second thread beside the engine's took 1.4x its time. Every forward of a run (sampling and
-    training) runs on the engine's one thread, and the step's checkpoint is still written."""
+    than cores, and each thread that runs torch at more than one thread keeps its own pool: a
+    training step on a second thread beside the engine's took 1.4x its time. Every forward of
+    a run samples on the engine's thread; a training step's microbatches run there or on
+    threads of one intra-op thread each (no pool), which end with the step. The step's
+    checkpoint is still written."""
     model = await make_model("onethread")
     trainee = backend._trainees[model.name]
     groups = await gather_groups(
@@ -218,21 +220,32 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
     for group in groups:
         for i, trajectory in enumerate(group.trajectories):
             trajectory.reward = float(i % 2)
-    forwards: list[tuple[str, bool]] = []
+    forwards: list[tuple[str, bool, int]] = []
     hook = trainee.base.model.register_forward_pre_hook(
-        lambda *_: forwards.append((threading.current_thread().name, torch.is_grad_enabled()))
+        lambda *_: forwards.append(
+            (threading.current_thread().name, torch.is_grad_enabled(), torch.get_num_threads())
+        )
     )
     saved: list[str] = []
     watched = ckpt_dir(trainee)
     try:
         result = await backend.train(model, groups, learning_rate=1e-4)
+        chunk_threads = [t for t in threading.enumerate() if t.name.startswith("art-rlvr-chunk")]
         saved = sorted(p.name for p in watched.iterdir())
         await rollout(model, task.splits["val"][0], sampling=SamplingConfig(max_tokens=4))
     finally:
         hook.remove()
-    assert result.step == 1 and saved == ["0000", "0001"]
-    assert {name for name, _ in forwards} == {"art-rlvr-engine"}
-    assert any(grad for _, grad in forwards) and not forwards[-1][1]  # trained, then sampled
+    assert result.step == 1 and saved == ["0000", "0001"] and chunk_threads == []
+    sampling = [f for f in forwards if not f[1]]
+    training = [f for f in forwards if f[1]]
+    assert {name for name, *_ in sampling} == {"art-rlvr-engine"}
+    assert training and all(
+        name == "art-rlvr-engine" or (name.startswith("art-rlvr-chunk") and threads == 1)
+        for name, _, threads in training
+    )
+    if backend.threads > 1:  # microbatches on their own threads
+        assert {name for name, *_ in training} != {"art-rlvr-engine"}
+    assert not forwards[-1][1]  # trained, then sampled
 
 
 def ckpt_dir(trainee) -> Path:

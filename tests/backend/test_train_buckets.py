@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
+import threading
 
 import pytest
 import torch
@@ -232,3 +235,102 @@ async def test_a_training_backward_adds_nothing_in_thread_order(backend, model) 
         with AccumulatingScatters() as seen:
             torch.autograd.grad(total, params)
     assert seen.found == []
+
+
+def sft_batch(seed: int) -> list[T.SFTSample]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(10):
+        prompt, reply = rng.randint(8, 40), rng.randint(2, 24)
+        ids = [rng.randrange(100, 5000) for _ in range(prompt + reply)]
+        out.append(T.SFTSample(input_ids=ids, loss_mask=[False] * prompt + [True] * reply))
+    return out
+
+
+RL = steps.RLSettings(
+    learning_rate=2e-4,
+    loss_fn="cispo",
+    epsilon=1.0,
+    epsilon_high=4.0,
+    kl_coef=0.0,
+    max_grad_norm=1.0,
+    microbatch_size=4,
+)
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(lambda t, w: steps.rl_step(t, groups(4), RL, workers=w), id="rl"),
+        pytest.param(
+            lambda t, w: steps.rl_step(
+                t, groups(5), RL.model_copy(update={"kl_coef": 0.1}), workers=w
+            ),
+            id="rl_with_kl",
+        ),
+        pytest.param(lambda t, w: steps.sft_step(t, sft_batch(6), 1e-3, 4, workers=w), id="sft"),
+    ],
+)
+async def test_microbatches_on_two_threads_step_to_the_one_thread_bits(
+    backend, make_model, step
+) -> None:
+    """A step whose microbatches run on two threads (the CPU default) leaves the adapter, the
+    optimizer and every metric with the bits of the same step run one microbatch after the
+    other: each microbatch's ops run on one thread and the gradients add in order. Its
+    threads end with it."""
+    model = await make_model("threads")
+    trainee = backend._trainees[model.name]
+    assert steps.parallel_workers(trainee.base.model, 2) == 2  # CPU, no dropout drawn
+    params = steps.trained_params(trainee)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B factors non-zero, as after training, so every factor learns
+        for param in params:
+            param.add_(torch.randn(param.shape, generator=generator) * 0.01)
+    start = [p.detach().clone() for p in params]
+    state = copy.deepcopy(trainee.optimizer.state_dict())
+    results = []
+    for workers in (1, 2, 2):
+        with torch.no_grad():
+            for param, value in zip(params, start, strict=True):
+                param.copy_(value)
+        trainee.optimizer.load_state_dict(copy.deepcopy(state))
+        metrics = await backend._torch(trainee.base, functools.partial(step, trainee, workers))
+        assert not [t for t in threading.enumerate() if t.name.startswith("art-rlvr-chunk")]
+        moments = [v for s in trainee.optimizer.state.values() for v in s.values()]
+        results.append(
+            (
+                [p.detach().clone() for p in params],
+                [m.clone() if isinstance(m, torch.Tensor) else m for m in moments],
+                {k: v for k, v in metrics.items() if k != "seconds"},
+            )
+        )
+    (one_params, one_moments, one_metrics), *others = results
+    assert not all(torch.equal(a, b) for a, b in zip(one_params, start, strict=True))
+    for params_after, moments, metrics in others:
+        assert metrics == one_metrics
+        assert all(torch.equal(a, b) for a, b in zip(params_after, one_params, strict=True))
+        assert all(
+            torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+            for a, b in zip(moments, one_moments, strict=True)
+        )
+
+
+async def test_a_failing_microbatch_on_a_thread_fails_the_step_and_its_threads_end(
+    backend, make_model
+) -> None:
+    """A microbatch that raises (a token id past the vocabulary) fails the whole step with its
+    own error, the weights untouched, and no microbatch thread outlives it."""
+    model = await make_model("fails")
+    trainee = backend._trainees[model.name]
+    params = steps.trained_params(trainee)
+    before = [p.detach().clone() for p in params]
+    items = groups(7)
+    items[-1] = T.Sample(
+        prompt_ids=[10**7], completion_ids=[5, 6], old_logprobs=None, advantage=1.0
+    )
+    with pytest.raises(IndexError):
+        await backend._torch(
+            trainee.base, functools.partial(steps.rl_step, trainee, items, RL, workers=2)
+        )
+    assert not [t for t in threading.enumerate() if t.name.startswith("art-rlvr-chunk")]
+    assert all(torch.equal(a, b) for a, b in zip(params, before, strict=True))
