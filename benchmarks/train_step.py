@@ -14,8 +14,14 @@ Then where the step runs: `rl_step` on the engine's thread (`GenerationEngine.ru
 it did until 2026-11-27), the same samples, interleaved. Everything else runs on the engine's
 thread too: a main thread that ran torch would hold a pool of its own and throttle both.
 
+Then how the step's microbatches run: one after the other at the backend's thread count
+(`workers=1`, what `rl_step` did until 2026-11-27 evening) and on one thread each, as many at
+once as the backend has threads (`TorchBackend`'s default on CPU), from the same weights and
+optimizer state, interleaved; idle, then beside a busy loop at nice 19 on the same cores (a
+laptop's background work). Says whether both gave the same weights, bit for bit.
+
     uv run python benchmarks/train_step.py [--repeats 3] [--groups 6] [--group-size 6]
-        [--before /tmp/train_before.py]
+        [--before /tmp/train_before.py] [--workers-only]
 
 Prints one line per result: medians over repeats, tokens/s through forward+backward, the
 GFLOP/s that implies (about 4 x 107 M non-embedding parameters x positions, plus the kept
@@ -27,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
+import functools
 import importlib.util
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -201,12 +211,63 @@ async def thread_report(backend, trainee, samples: list[T.Sample], repeats: int)
     )
 
 
+async def workers_report(backend, trainee, samples: list[T.Sample], repeats: int) -> None:
+    """`rl_step` with its microbatches one after the other and on `backend.threads` single-
+    threaded workers, from the same weights and optimizer state; idle and beside a busy loop."""
+    settings = steps.RLSettings(
+        learning_rate=2e-4, loss_fn="cispo", epsilon=1.0, epsilon_high=4.0, kl_coef=0.0,
+        max_grad_norm=1.0, microbatch_size=backend.microbatch_size,
+    )  # fmt: skip
+    params = steps.trained_params(trainee)
+    start = [p.detach().clone() for p in params]
+    state = copy.deepcopy(trainee.optimizer.state_dict())
+
+    def timed(workers: int) -> tuple[float, list[torch.Tensor]]:
+        with torch.no_grad():
+            for param, value in zip(params, start, strict=True):
+                param.copy_(value)
+        trainee.optimizer.load_state_dict(copy.deepcopy(state))
+        started = time.perf_counter()
+        steps.rl_step(trainee, samples, settings, workers=workers)
+        return time.perf_counter() - started, [p.detach().clone() for p in params]
+
+    counts = (1, backend.threads)
+    busy_loop = ["nice", "-n", "19", sys.executable, "-c", "while True: pass"]
+    for condition in ("idle", "beside a busy loop at nice 19"):
+        competitor = subprocess.Popen(busy_loop) if condition != "idle" else None
+        try:
+            times: dict[int, list[float]] = {n: [] for n in counts}
+            weights: dict[int, list[torch.Tensor]] = {}
+            for r in range(repeats):
+                for n in counts if r % 2 == 0 else counts[::-1]:
+                    seconds, weights[n] = await trainee.base.engine.run(
+                        functools.partial(timed, n), threads=backend.threads
+                    )
+                    times[n].append(seconds)
+        finally:
+            if competitor is not None:
+                competitor.kill()
+                competitor.wait()
+        one, many = (statistics.median(times[n]) for n in counts)
+        same = all(torch.equal(a, b) for a, b in zip(weights[1], weights[counts[1]], strict=True))
+        print(
+            f"rl_step {condition}: microbatches one after the other {one:.2f} s, on "
+            f"{counts[1]} single-threaded workers {many:.2f} s: {one / many:.2f}x "
+            f"(medians of {repeats}); the same weights bit for bit: {same}"
+        )
+    with torch.no_grad():
+        for param, value in zip(params, start, strict=True):
+            param.copy_(value)
+    trainee.optimizer.load_state_dict(state)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--groups", type=int, default=6)
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--before", help="a train module whose shared_prompt_logprobs to time")
+    parser.add_argument("--workers-only", action="store_true", help="only the workers report")
     args = parser.parse_args()
     task = load_task("arith", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,6 +300,10 @@ async def main() -> None:
         base = trainee.base
         samples, _ = T.samples_from_groups(groups, base.tokenizer, scale_rewards=True)
         pad = base.tokenizer.pad_token_id
+        if args.workers_only:
+            await workers_report(backend, trainee, samples, args.repeats)
+            await backend.close()
+            return
         ours, naive = [], []
         engine = base.engine  # all torch work on its thread: one OpenMP pool, as in a run
 
@@ -257,6 +322,7 @@ async def main() -> None:
         if args.before:
             await engine.run(before_report, base.model, samples, pad, args.repeats, args.before)
         await thread_report(backend, trainee, samples, args.repeats)
+        await workers_report(backend, trainee, samples, args.repeats)
         sft = [
             art.Trajectory(
                 messages_and_choices=[
