@@ -21,7 +21,7 @@ from art_rlvr.config_keys import (
     first_error,
     mask_secrets,
 )
-from art_rlvr.core import Loss
+from art_rlvr.core import Loss, LrSchedule
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm_settings import ROLES, LLMRole, refuse_renamed, renamed_to
@@ -140,6 +140,11 @@ class RunConfig(BaseModel):
     n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
     learning_rate: float = Field(
         default=2e-4, gt=0.0, allow_inf_nan=False, description="the optimiser's learning rate"
+    )
+    lr_schedule: LrSchedule = Field(
+        default="constant",
+        description="the learning rate over the run's RL steps: constant, linear (to lr/N at "
+        "the last of N steps, as TRL's and tinker-cookbook's) or cosine",
     )
     lora_rank: int = Field(
         default=16,
@@ -356,6 +361,11 @@ class RunConfig(BaseModel):
             expert_iteration=self.mode == "gepa_rl_ei" or self.enable_expert_iteration,
             rl_steps=self.rl_batches_per_round,
         )
+
+    @property
+    def rl_steps(self) -> int:
+        """The RL steps the run's phases train in all (what `lr_schedule` decays over)."""
+        return sum(p.count for p in self.plan if p.kind == "rl")
 
     @property
     def with_expert_iteration(self) -> bool:

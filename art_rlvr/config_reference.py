@@ -94,7 +94,7 @@ def preset_table() -> str:
 MAIN_KEYS = ("scenario", "mode", "phases", "seed", "run_dir", "max_tokens", "val_limit",
              "eval_test", "base_model", "backend", "weave_project")  # fmt: skip
 RL_KEYS = ("n_batches", "groups_per_batch", "group_size", "learning_rate", "temperature",
-           "loss_fn", "lora_rank", "eval_every", "patience")  # fmt: skip
+           "loss_fn", "lr_schedule", "lora_rank", "eval_every", "patience")  # fmt: skip
 MODE_KEYS: dict[str, tuple[str, ...]] = {
     "eval": ("eval_temperature", "val_limit", "eval_samples", "eval_k", "policy.model",
              "policy.api_base", "policy.api_key_env"),

@@ -20,6 +20,7 @@ Record = Mapping[str, Any]
 Message = dict[str, Any]  # an OpenAI chat message, as ART's `Trajectory.messages()` gives it
 Messages = Sequence[Mapping[str, Any]]
 Loss = Literal["cispo", "ppo"]  # the policy-gradient losses ART's backends train with
+LrSchedule = Literal["constant", "linear", "cosine"]  # the learning rate over a run's RL steps
 
 
 def correct_from(reward: float, metrics: Mapping[str, Any]) -> bool:
@@ -100,6 +101,7 @@ __all__ = [
     "DEFAULT_TOOL_TIMEOUT_S",
     "Episode",
     "Loss",
+    "LrSchedule",
     "Message",
     "Messages",
     "Record",

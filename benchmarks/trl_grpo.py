@@ -13,12 +13,14 @@ process, at steps 0, 8, 16 and 24 (art_rlvr's checkpoints and TRL's adapters sav
 steps are served by one TorchBackend and evaluated with `art_rlvr.evaluate`).
 
     uv run --group bench python benchmarks/trl_grpo.py [--seed 0] [--steps 24] [--out DIR]
-        [--trl-scheduler linear|constant] [--trl-no-checkpointing] [--quick]
+        [--trl-scheduler linear|constant] [--trl-no-checkpointing] [--art KEY=VALUE ...] [--quick]
 
 `--quick` (2 steps, 20 val items) checks the pipeline in minutes; its numbers mean nothing.
 `--trl-no-checkpointing` runs TRL without gradient checkpointing (TRL's default recomputes each
 forward in the backward to save memory, which a 135M model does not need): TRL at its fastest
-on this budget, in a folder of its own.
+on this budget, in a folder of its own. `--art lr_schedule=linear` (repeatable) adds a key to
+art_rlvr's run, for an ablation: give it a fresh `--out` holding a copy of a finished TRL folder
+(`trl-linear/`) to read TRL's side back instead of training it again.
 
 Each side runs in its own process, one after the other (the art_rlvr CLI, then this script with
 `--part trl`); a finished side is read back, not run again (delete its folder to measure again).
@@ -47,15 +49,16 @@ from typing import Any
 EVAL_EVERY = 8
 
 
-def art_side(out: Path, seed: int, steps: int, quick: bool) -> dict[str, Any]:
-    """The default RL run through the CLI; its per-step clocks from metrics.jsonl."""
+def art_side(out: Path, seed: int, steps: int, quick: bool, extra: list[str]) -> dict[str, Any]:
+    """The default RL run through the CLI (with `extra` keys, for an ablation); its per-step
+    clocks from metrics.jsonl."""
     run_dir = out / "art"
     if not (run_dir / "summary.json").exists():
         shutil.rmtree(run_dir, ignore_errors=True)
         command = [
             sys.executable, "-m", "art_rlvr.run", "scenario=arith", "mode=rl", f"seed={seed}",
             f"n_batches={steps}", f"eval_every={EVAL_EVERY}", "eval_test=false",
-            f"run_dir={run_dir}", *(["val_limit=20"] if quick else []),
+            f"run_dir={run_dir}", *(["val_limit=20"] if quick else []), *extra,
         ]  # fmt: skip
         print("art_rlvr:", " ".join(command[1:]), flush=True)
         started = time.monotonic()
@@ -303,6 +306,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 steps, 20 val items: a smoke run")
     parser.add_argument("--part", choices=["all", "trl"], default="all")
     parser.add_argument(
+        "--art",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a key for art_rlvr's run (repeatable), e.g. --art lr_schedule=linear; TRL's side "
+        "is read back from --out when it is there",
+    )
+    parser.add_argument(
         "--trl-no-checkpointing",
         action="store_true",
         help="TRL without gradient checkpointing (its default recomputes the forward)",
@@ -315,7 +326,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {os.getloadavg()[0]:.2f}", flush=True)
-    art = art_side(out, args.seed, steps, args.quick)
+    art = art_side(out, args.seed, steps, args.quick, args.art)
     trl = trl_side(
         out, args.seed, steps, args.trl_scheduler, args.quick, not args.trl_no_checkpointing
     )
@@ -330,7 +341,12 @@ def main() -> None:
     if any(abs(own.get(s, a) - a) > 1e-9 for s, a in val["art_rlvr"].items()):
         print(f"note: art_rlvr's own evaluations {own} differ from the rescoring")
     result = report(art, trl, val, steps)
-    result |= {"seed": args.seed, "trl_config": trl["config"], "load_end": os.getloadavg()[0]}
+    result |= {
+        "seed": args.seed,
+        "art_keys": args.art,
+        "trl_config": trl["config"],
+        "load_end": os.getloadavg()[0],
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}; {out / 'results.json'}")
 

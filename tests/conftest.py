@@ -7,10 +7,14 @@ import itertools
 import os
 from pathlib import Path
 
+from cores import worker_threads
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("WEAVE_DISABLED", "true")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # `import art` below may load weave first
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub (only 127.0.0.1)
+
+os.environ.update(worker_threads(os.environ))  # before anything loads torch
 
 import art
 import pytest
@@ -67,17 +71,19 @@ def make_engine(backend: TorchBackend):
     first, e.g. the `model` fixture), with `options` (`fold=False`: adapters decoded through
     peft's LoRA layers, as `TorchBackend(fold_adapters=False)` does); close it after use."""
 
-    def make(*, fold: bool = True, **options) -> GenerationEngine:
-        base = next(iter(backend._bases.values()))
-        return GenerationEngine(
-            base.model,
-            base.tokenizer,
-            model_lock=base.lock,
-            select_adapter=functools.partial(A.serve if fold else A.select, base),
-            **options,
-        )
+    return functools.partial(engine_on, backend)
 
-    return make
+
+def engine_on(backend: TorchBackend, *, fold: bool = True, **options) -> GenerationEngine:
+    """Another GenerationEngine on `backend`'s base model (see `make_engine`)."""
+    base = next(iter(backend._bases.values()))
+    return GenerationEngine(
+        base.model,
+        base.tokenizer,
+        model_lock=base.lock,
+        select_adapter=functools.partial(A.serve if fold else A.select, base),
+        **options,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,8 @@ def test_rl_survives_sigkill_and_resumes_without_lost_or_repeated_steps(
     tmp_path: Path, kill_seed: int
 ) -> None:
     run_dir = tmp_path / "rl"
-    args = [*TINY, "n_batches=4", "eval_every=2", f"run_dir={run_dir}", "learning_rate=1e-4"]
+    args = [*TINY, "n_batches=4", "eval_every=2", f"run_dir={run_dir}", "learning_rate=1e-4",
+            "lr_schedule=linear"]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "art_rlvr.run", *args],
         stdout=subprocess.DEVNULL,
@@ -102,6 +103,10 @@ def test_rl_survives_sigkill_and_resumes_without_lost_or_repeated_steps(
     assert checkpoints(run_dir) == ["0000", "0001", "0002", "0003", "0004"]
     assert summary["val_accuracy_before"] is not None and summary["val_accuracy_after"] is not None
     assert "resuming at step" in (run_dir / "run.log").read_text()
+    events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = {e["step"]: e["train/learning_rate"] for e in events if e["event"] == "train"}
+    # linear decay over the 4 steps, each at its own rate after the resume too
+    assert rates == pytest.approx({s: 1e-4 * (5 - s) / 4 for s in steps}, rel=1e-12)
 
 
 def sampled_and_trained(run_dir: Path) -> tuple[list, list]:

@@ -43,6 +43,7 @@ def test_notebook_executes(path: Path, tmp_path: Path) -> None:
     # the kernel is this interpreter (the project's venv), offline, with no API keys
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env |= {"HF_HUB_OFFLINE": "1", "WEAVE_DISABLED": "true", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env["TMPDIR"] = str(tmp_path)  # the notebooks' work folders (mkdtemp) go with the test's
     began = time.monotonic()
     try:
         client.execute(env=env)

@@ -228,9 +228,15 @@ def restore(trainee: Trainee, step: int) -> None:
         path = ckpt.checkpoint_dir(trainee.model_dir, moments) / OPTIMIZER_FILE
         trainee.optimizer.load_state_dict(torch.load(path, weights_only=True))
         drop_older_optimizer_states(trainee.model_dir, moments)
-    if moments != step:
+    if moments is None:
         log.warning(
-            "%s resumes at step %d with the optimizer state of step %s (the last saved checkpoint)",
+            "%s resumes at step %d with a fresh optimizer state (no checkpoint holds one)",
+            trainee.model.name,
+            step,
+        )
+    elif moments != step:
+        log.warning(
+            "%s resumes at step %d with the optimizer state of step %d (the last saved checkpoint)",
             trainee.model.name,
             step,
             moments,

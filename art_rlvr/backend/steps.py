@@ -58,6 +58,7 @@ def rl_step(
     out = {
         "loss": 0.0,
         "grad_norm": 0.0,
+        "learning_rate": cfg.learning_rate,  # as the step trained it (a run's lr_schedule)
         "tokens": float(tokens),
         "kl": 0.0,
         "ratio_mean": 1.0,

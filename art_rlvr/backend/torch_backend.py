@@ -70,7 +70,10 @@ class TorchBackend:
         max_step_adapters: int = 4,
         batch_invariant: bool | None = None,
         fold_adapters: bool = True,
+        threads: int | None = None,
     ) -> None:
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
         self._path = str(path)
         pin_malloc_mmap_threshold()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -91,9 +94,10 @@ class TorchBackend:
         # decode an adapter folded into a copy of its weights (backend/merged.py): a GRPO step's
         # decoding 1.15x faster than through peft's LoRA layers, the same tokens to rounding
         self.fold_adapters = fold_adapters
-        # the process's thread count, read before any engine sets its own (torch hands the
-        # last count set to new threads): the trainer's, and the most the engines use
-        self.threads = usable_cores()
+        # the trainer's thread count and the most the engines use: by default the process's,
+        # read before any engine sets its own (torch hands the last count set to new threads);
+        # fewer where processes share the cores (each its share: no waits at another's barriers)
+        self.threads = threads or usable_cores()
         self._bases: dict[str, _Base] = {}
         self._trainees: dict[str, Trainee] = {}
         self._api_key = new_api_key()

@@ -8,6 +8,7 @@ file by step. A killed run re-run in the same folder continues at the first unfi
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import art
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_rlvr.core import LrSchedule
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
@@ -90,11 +92,12 @@ async def rl_step(
     *,
     system_prompt: str | None,
     sampling: SamplingConfig,
+    learning_rate: float,
     before_train: Callable[[list[art.TrajectoryGroup], dict[str, float]], None] | None = None,
 ) -> StepOutcome:
     """One GRPO step: the batch for `step` (a pure function of seed and step), its groups of
-    rollouts, and the backend's training call on them (`before_train` sees the groups first,
-    so a run can save them before the checkpoint exists)."""
+    rollouts, and the backend's training call on them at `learning_rate` (`before_train` sees
+    the groups first, so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
     scenarios = ctx.task.train_batch(cfg.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
@@ -113,7 +116,7 @@ async def rl_step(
     result = await ctx.backend.train(
         ctx.model,
         trainable(groups),
-        learning_rate=cfg.learning_rate,
+        learning_rate=learning_rate,
         loss_fn=cfg.loss_fn,
         kl_penalty_coef=cfg.kl_penalty_coef,
         scale_rewards=cfg.scale_rewards,
@@ -158,7 +161,14 @@ async def train_until[S: TrainState](
             return state
         began = time.monotonic()
         done = await rl_step(
-            ctx, step, system_prompt=system_prompt, sampling=sampling, before_train=stage
+            ctx,
+            step,
+            system_prompt=system_prompt,
+            sampling=sampling,
+            learning_rate=scheduled_lr(
+                cfg.learning_rate, cfg.lr_schedule, len(state.step_seconds), cfg.rl_steps
+            ),
+            before_train=stage,
         )
         groups, stats, result = done.groups, done.stats, done.result
         seconds = time.monotonic() - began
@@ -186,6 +196,21 @@ async def train_until[S: TrainState](
             seconds,
             eta(state.step_seconds, until - step),
         )
+
+
+def scheduled_lr(base: float, schedule: LrSchedule, done: int, total: int) -> float:
+    """The learning rate of a run's RL step `done` (0-based) of `total`: TRL's and
+    tinker-cookbook's schedules, with no warm-up: the last step trains at `base / total`
+    (linear), never at 0. A pure function of the count of RL steps booked, so a resumed run
+    trains each step at the rate it would have had."""
+    progress = min(done, total - 1) / total if total > 0 else 0.0
+    match schedule:
+        case "constant":
+            return base
+        case "linear":
+            return base * (1.0 - progress)
+        case "cosine":
+            return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 STATE = "state.json"

@@ -12,11 +12,15 @@ from pathlib import Path
 import art
 import pytest
 import torch
+from conftest import engine_on, new_model
+from cores import worker_threads
 
-from art_rlvr import SamplingConfig, gather_groups, rollout
+from art_rlvr import SamplingConfig, TorchBackend, gather_groups, rollout
 from art_rlvr.backend import steps as S
 from art_rlvr.backend.engine import EngineClosed, SamplingParams
 from art_rlvr.backend.threads import ThreadTuner, usable_cores
+
+CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(
@@ -161,15 +165,30 @@ def test_the_tuner_keeps_one_count_where_counts_change_results(differs, fixed) -
         assert set(feed(tuner, {1: 0.1, 2: 9.0}, 50)) == {2}
 
 
-async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_last(
-    backend, make_model, make_engine, monkeypatch
+@pytest.fixture(scope="module")
+async def two_threads(tmp_path_factory):
+    """A backend of 2 threads, whatever the process's count (a pytest-xdist worker runs at its
+    share of the cores: tests/conftest.py)."""
+    backend = TorchBackend(path=tmp_path_factory.mktemp("two_threads"), seed=0, threads=2)
+    yield backend
+    await backend.close()
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5])
+def test_a_thread_count_below_one_or_not_whole_is_refused(tmp_path, threads) -> None:
+    with pytest.raises(ValueError, match="threads must be a whole number >= 1"):
+        TorchBackend(path=tmp_path, threads=threads)
+
+
+async def test_training_runs_at_the_backends_count_not_the_one_the_engine_set_last(
+    two_threads, monkeypatch
 ) -> None:
     """torch gives a thread that has not used it yet the count set last by any thread: an
     engine at 1 thread must not make a fresh pool thread train at 1."""
-    if backend.threads == 1:
-        pytest.skip("one usable core: nothing to tell apart")
-    model = await make_model("threads")
-    engine = make_engine(threads=1)
+    backend = two_threads
+    model = await new_model(backend, "threads")
+    engine = engine_on(backend, threads=1)
+    process_count = torch.get_num_threads()
     seen: list[int] = []
     sft_step = S.sft_step
 
@@ -196,15 +215,15 @@ async def test_training_runs_at_the_process_count_not_the_one_the_engine_set_las
             pass
     finally:
         engine.close()
-        torch.set_num_threads(backend.threads)  # torch's default for later threads
-    assert seen == [backend.threads]
+        torch.set_num_threads(process_count)  # torch's default for later threads
+    assert seen == [2]
 
 
 # ------------------------------------------------------------------ one torch thread
 
 
 async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
-    backend, make_model, task
+    two_threads, task
 ) -> None:
     """libgomp cuts every wait's spinning to 100 while the process holds more OpenMP workers
     than cores, and each thread that runs torch at more than one thread keeps its own pool: a
@@ -212,7 +231,8 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
     a run samples on the engine's thread; a training step's microbatches run there or on
     threads of one intra-op thread each (no pool), which end with the step. The step's
     checkpoint is still written."""
-    model = await make_model("onethread")
+    backend = two_threads
+    model = await new_model(backend, "onethread")
     trainee = backend._trainees[model.name]
     groups = await gather_groups(
         model, task.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=8), seed=1
@@ -243,8 +263,7 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
         name == "art-rlvr-engine" or (name.startswith("art-rlvr-chunk") and threads == 1)
         for name, _, threads in training
     )
-    if backend.threads > 1:  # microbatches on their own threads
-        assert {name for name, *_ in training} != {"art-rlvr-engine"}
+    assert {name for name, *_ in training} != {"art-rlvr-engine"}  # microbatches, 2 at once
     assert not forwards[-1][1]  # trained, then sampled
 
 
@@ -322,3 +341,24 @@ async def test_a_job_cancelled_before_it_starts_is_skipped(backend, model, make_
     finally:
         engine.close()
     assert ran == ["after"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, {}),  # not under pytest-xdist
+        ({"PYTEST_XDIST_WORKER_COUNT": "1"}, {}),
+        ({"PYTEST_XDIST_WORKER_COUNT": "2"}, {"OMP_NUM_THREADS": str(max(1, CORES // 2))}),
+        ({"PYTEST_XDIST_WORKER_COUNT": str(CORES * 4)}, {"OMP_NUM_THREADS": "1"}),
+        ({"PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "3"}, {}),  # the user's count
+    ],
+)
+def test_each_xdist_worker_gets_its_share_of_the_cores(environ, expected) -> None:
+    assert worker_threads(environ) == expected
+
+
+def test_this_workers_backend_runs_at_its_share(backend) -> None:
+    """The share reaches torch: conftest sets it before torch loads."""
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") == "1":
+        pytest.skip("not a pytest-xdist worker")
+    assert backend.threads == int(os.environ["OMP_NUM_THREADS"])

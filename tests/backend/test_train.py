@@ -1,5 +1,6 @@
 """Real training steps on the real embedded model through ART's public API."""
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from art_rlvr import SamplingConfig, TorchBackend, gather_groups, rollout
+from art_rlvr.backend import adapters as A
 from art_rlvr.backend.train import TrainingDataError
 
 PROMPT = [
@@ -76,7 +78,7 @@ async def test_rl_step_changes_weights_served_output_and_checkpoints(
 
 
 async def test_save_checkpoint_false_still_advances_and_serves(
-    backend, make_model, task, art_path: Path
+    backend, make_model, task, art_path: Path, caplog
 ) -> None:
     """ART's semantics: the step advances and its weights are served either way; without
     `save_checkpoint` only the optimizer state is not written."""
@@ -91,6 +93,18 @@ async def test_save_checkpoint_false_still_advances_and_serves(
     assert any(not torch.equal(before[k], after[k]) for k in before)
     step = art_path / "tests" / "models" / model.run_name / "checkpoints" / "0001"
     assert (step / "adapter_model.safetensors").is_file() and not (step / "optimizer.pt").exists()
+    with caplog.at_level(logging.WARNING, logger="art_rlvr.backend.adapters"):
+        A.restore(backend._trainees[model.name], 1)  # as a resume from this folder would
+        (step.parent / "0000" / "optimizer.pt").unlink()
+        A.restore(backend._trainees[model.name], 1)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{model.name} resumes at step 1 with the optimizer state of step 0 (the last saved "
+        "checkpoint)",
+        f"{model.name} resumes at step 1 with a fresh optimizer state (no checkpoint holds one)",
+    ]
+    assert adapter_params(backend, model).keys() == after.keys()
+    assert all(torch.equal(after[k], v) for k, v in adapter_params(backend, model).items())
 
 
 async def test_all_equal_groups_are_skipped_and_reported(backend, make_model, task) -> None:
