@@ -152,7 +152,11 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
+    loss_fn: Loss = Field(
+        default="ppo",
+        description="ppo or cispo (ART's backends default to cispo; over seeds 0-2 of the default "
+        "run ppo reached val 0.693 against 0.643: docs/results.md)",
+    )
     kl_penalty_coef: float = Field(
         default=0.0, ge=0.0, description="KL penalty against the base model"
     )
