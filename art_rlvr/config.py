@@ -152,16 +152,14 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Loss = Field(
-        default="ppo",
-        description="ppo or cispo (ART's backends default to cispo; over seeds 0-2 of the default "
-        "run ppo reached val 0.693 against 0.643: docs/results.md)",
-    )
+    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
     kl_penalty_coef: float = Field(
         default=0.0, ge=0.0, description="KL penalty against the base model"
     )
     scale_rewards: bool = Field(
-        default=True, description="divide group advantages by their standard deviation"
+        default=False,
+        description="divide group advantages by their standard deviation (on in ART and TRL; "
+        "off learned more here: docs/results.md)",
     )
     eval_every: int = Field(
         default=8, ge=1, description="validation every N steps (step 0 and the last always)"
