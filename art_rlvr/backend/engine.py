@@ -52,7 +52,7 @@ from art_rlvr.backend.decode_batch import (
     finish,
     join,
     left_padded,
-    select,
+    retire,
     shared_prefix,
     spare_cache,
 )
@@ -111,6 +111,8 @@ class GenerationEngine:
         wanted = self.device.type == "cpu" if batch_invariant is None else batch_invariant
         self.batch_invariant = wanted and invariant.install(model)
         self._flags = {invariant.FLAG: True} if self.batch_invariant else {}
+        # finished rows kept as padding up to this multiple (decode_batch.retire)
+        self._multiple = invariant.ROW_MULTIPLE if self.batch_invariant else 1
         self.eos_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.stats = EngineStats()
@@ -295,7 +297,7 @@ class GenerationEngine:
                             for request in admitted:
                                 request.done(error)
                             raise
-                self.stats.cancelled_requests += len(drop_cancelled(batch))
+                self.stats.cancelled_requests += len(drop_cancelled(batch, self._multiple))
                 if batch.rows:
                     self._timed_step(batch)
                 self.stats.running_rows = len(batch.rows)
@@ -530,22 +532,23 @@ class GenerationEngine:
     @torch.inference_mode()
     def _step(self, batch: Batch) -> int:
         """Sample one token for every row, retire finished rows, run the model once over the
-        rest; how many rows that forward had (0: none left, no forward)."""
+        rest (and the padding rows `retire` keeps); how many rows that forward had (0: none
+        left, no forward)."""
         assert batch.logits is not None and batch.attention is not None
         chosen, tokens, logps, tops = self._sample(batch)
         keep = self._record(batch, tokens, logps, tops)
         self.stats.completion_tokens += len(batch.rows)
         if len(keep) < len(batch.rows):
-            select(batch, keep)
+            retire(batch, keep, self._multiple)
             if not batch.rows:  # before indexing with an empty (float) tensor, which raises
                 return 0
             chosen = chosen[torch.tensor(keep, device=chosen.device)]
         assert batch.attention is not None and batch.next_pos is not None
         batch.attention = torch.cat(
-            [batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1
+            [batch.attention, batch.attention.new_ones((batch.attention.shape[0], 1))], dim=1
         )
         out = self.model(
-            input_ids=chosen[:, None],
+            input_ids=batch.forward_ids(chosen)[:, None],
             attention_mask=batch.attention,
             position_ids=batch.next_pos[:, None],
             past_key_values=batch.cache,
@@ -554,7 +557,7 @@ class GenerationEngine:
         )
         batch.logits = out.logits[:, -1, :].float()
         batch.next_pos = batch.next_pos + 1
-        return len(batch.rows)
+        return batch.attention.shape[0]
 
     def _sample(
         self, batch: Batch
@@ -562,11 +565,11 @@ class GenerationEngine:
         """Every row's token in one call (its own temperature, top-p and uniform draw), as a
         tensor for the next forward and as ints, with logprobs (and the most likely tokens
         where a row asked for them), for the rows."""
-        assert batch.logits is not None
-        self.grammars.mask(batch.logits, [r.matcher for r in batch.rows])
+        logits = batch.live_logits()
+        self.grammars.mask(logits, [r.matcher for r in batch.rows])
         top_k = max(r.request.params.top_logprobs for r in batch.rows)
         chosen, logps, top = sample(
-            batch.logits,
+            logits,
             temperature=batch.temperature,
             top_p=batch.top_p,
             uniform=batch.uniforms(),

@@ -1,10 +1,23 @@
-"""The engine's running batch (`art_rlvr.backend.decode_batch`): its KV cache layers."""
+"""The engine's running batch (`art_rlvr.backend.decode_batch`): its KV cache layers, and
+finished rows kept as padding."""
+
+import contextlib
+import random
 
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from art_rlvr.backend.decode_batch import SpareLayer, spare_cache
+from art_rlvr.backend.decode_batch import (
+    Batch,
+    Request,
+    Row,
+    SpareLayer,
+    join,
+    retire,
+    spare_cache,
+)
+from art_rlvr.backend.engine_types import SamplingParams
 
 
 def states(rows: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,3 +88,82 @@ def test_the_engines_cache_makes_spare_layers() -> None:
     cache = spare_cache()
     cache.update(*states(1, 3), layer_idx=1)
     assert [type(layer) for layer in cache.layers] == [SpareLayer, SpareLayer]
+
+
+def batch_of(widths: list[int]) -> Batch:
+    """A running batch of one row per entry, each row left-padded to `max(widths)` from its
+    own prompt width (rows of one width attend alike), with a two-layer cache and logits
+    whose first entry is the row's tensor index."""
+    width = max(widths)
+    rows = [
+        Row(Request(None, [1] * w, SamplingParams(), 1, lambda _: None), 0, random.Random(i))
+        for i, w in enumerate(widths)
+    ]
+    attention = torch.tensor([[0] * (width - w) + [1] * w for w in widths])
+    cache = spare_cache()
+    for layer in range(2):
+        cache.update(*states(len(widths), width), layer_idx=layer)
+    logits = torch.zeros(len(widths), 5)
+    logits[:, 0] = torch.arange(len(widths), dtype=torch.float32)
+    batch = Batch(adapter=None, stack=contextlib.ExitStack())
+    join(batch, rows, cache, attention, torch.full((len(widths),), width), logits)
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("widths", "keep", "multiple", "forward_rows", "slots"),
+    [
+        # one of 8 leaves: it stays as padding, 8 rows go on, no cache copy
+        ([3] * 8, [0, 1, 2, 4, 5, 6, 7], 4, 8, [0, 1, 2, 4, 5, 6, 7]),
+        # 4 of 8 leave: a whole multiple, dropped; the rest are the tensors again
+        ([3] * 8, [0, 2, 4, 6], 4, 4, None),
+        # 5 of 8 leave: 3 go on with one padding row (a multiple of 4)
+        ([3] * 8, [1, 5, 6], 4, 4, [1, 2, 3]),
+        # the padding row kept attends like a remaining row (width 3), not the lone width 5
+        ([5, 3, 3, 3, 3, 3, 3, 3], [6, 7], 4, 4, [2, 3]),
+        # without a multiple (not batch-invariant) every leaving row leaves at once
+        ([3] * 8, [0, 1, 2, 4, 5, 6, 7], 1, 7, None),
+        # a batch of 6 that loses 1: 6 rows are fewer than 8, all stay
+        ([3] * 6, [0, 1, 2, 3, 4], 4, 6, [0, 1, 2, 3, 4]),
+    ],
+)
+def test_retired_rows_stay_as_padding_up_to_the_multiple(
+    widths, keep, multiple, forward_rows, slots
+) -> None:
+    batch = batch_of(widths)
+    rows = [batch.rows[k] for k in keep]
+    retire(batch, keep, multiple)
+    assert batch.rows == rows
+    assert batch.attention is not None and batch.attention.shape[0] == forward_rows
+    assert all(layer.keys.shape[0] == forward_rows for layer in batch.cache.layers)
+    assert batch.slots == slots
+    assert batch.tensor_rows() == (slots if slots is not None else list(range(len(keep))))
+    if forward_rows == len(widths):  # nothing dropped: the logits are the tensors' rows still
+        assert batch.live_logits()[:, 0].tolist() == [float(k) for k in keep]
+    # the next forward feeds each remaining row its own token, the padding rows token 0
+    chosen = torch.tensor([100 + k for k in keep])
+    ids = batch.forward_ids(chosen)
+    assert ids.shape[0] == forward_rows
+    assert ids[batch.tensor_rows()].tolist() == chosen.tolist()
+    assert sorted(ids.tolist()) == sorted([0] * (forward_rows - len(keep)) + chosen.tolist())
+
+
+def test_padding_rows_stay_in_place_through_a_join_and_leave_with_the_last_row() -> None:
+    batch = batch_of([3] * 4)
+    retire(batch, [0, 2, 3], 4)  # row 1 pads
+    assert batch.slots == [0, 2, 3]
+    newcomers = batch_of([2, 2])
+    assert newcomers.cache is not None and newcomers.attention is not None
+    join(
+        batch,
+        newcomers.rows,
+        newcomers.cache,
+        newcomers.attention,
+        torch.full((2,), 2),
+        torch.zeros(2, 5),
+    )
+    assert batch.slots == [0, 2, 3, 4, 5] and len(batch.rows) == 5
+    assert batch.attention is not None and batch.attention.shape == (6, 3)
+    assert batch.live_logits().shape[0] == 5
+    retire(batch, [], 4)
+    assert batch.rows == [] and batch.slots is None and batch.cache is None
