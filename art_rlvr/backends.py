@@ -9,25 +9,31 @@ the backend through ART's public constructors:
 - `local`: `art.local.LocalBackend` (unsloth training + ART's managed vLLM runtime on this
   machine's NVIDIA GPUs);
 - `serverless`: `art.serverless.ServerlessBackend` (W&B Training; `WANDB_API_KEY`);
-- `tinker`: `art.tinker.TinkerBackend` (Thinking Machines' Tinker; `TINKER_API_KEY`).
+- `tinker`: ART's `TinkerNativeBackend` with supervised steps (`engines.tinker`), on Thinking
+  Machines' Tinker or on a self-hosted Tinker-API engine at `TINKER_BASE_URL` (a local SkyRL:
+  `python -m art_rlvr.engines.skyrl`); `TINKER_API_KEY`.
 
 Requirements were read from openpipe-art 0.5.23: `LocalBackend` imports torch at module level
 and unsloth when its training service starts, and installs its vLLM runtime with the `uv`
 executable on first use (or takes `ART_VLLM_RUNTIME_BIN`); `ServerlessBackend`'s client raises
-without `WANDB_API_KEY`; `TinkerBackend` asserts `TINKER_API_KEY` and its service imports
-`tinker` and `tinker_cookbook` (ART's `tinker` extra).
+without `WANDB_API_KEY`; `TinkerNativeBackend` asserts `TINKER_API_KEY` (the tinker SDK wants
+one that starts with `tml-`) and imports `tinker` and `tinker_cookbook` (ART's `tinker` extra,
+here the project's own `tinker` extra, which resolves apart from the dev group).
 
 This module imports neither torch nor art at import time: the CLI must stay instant.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import urlparse
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +48,18 @@ GPU_INSTALL = (
     "python3 -m uv venv .venv-gpu --python 3.12 && python3 -m uv pip install --python "
     f".venv-gpu -e . 'openpipe-art[backend]=={ART_VERSION}' --torch-backend=cu128"
 )
-TINKER_INSTALL = (
-    "python3 -m uv venv .venv-tinker --python 3.12 && python3 -m uv pip install --python "
-    f".venv-tinker -e . 'openpipe-art[tinker]=={ART_VERSION}'"
-)
+# The tinker SDK and tinker-cookbook (which pins transformers <= 5.5.4) resolve as the
+# project's `tinker` extra, apart from the dev group, into an environment of their own.
+TINKER_RUN = "UV_PROJECT_ENVIRONMENT=.venv-tinker uv run --locked --extra tinker --no-dev"
+TINKER_INSTALL = f"{TINKER_RUN} python -m art_rlvr.run backend=tinker ..."
+SKYRL_START = "python -m art_rlvr.engines.skyrl"
 WANDB_KEY_HELP = "export WANDB_API_KEY=<your key from https://wandb.ai/authorize>"
-TINKER_KEY_HELP = "export TINKER_API_KEY=<your Tinker API key>"
+TINKER_KEY_HELP = (
+    "export TINKER_API_KEY=<your Tinker API key>; a self-hosted engine takes any, e.g. tml-local"
+)
+# ART's renderer for the embedded model on Tinker engines (it picks one from hub names only):
+# tinker-cookbook's ChatML renderer without <think> blocks, as SmolLM2's template writes turns.
+EMBEDDED_RENDERER = "qwen3_instruct"
 EMBEDDED_PREFIX = "embedded:"
 
 
@@ -105,20 +117,107 @@ def missing_requirements(name: str, base_model: str | None = None) -> list[str]:
         if not os.environ.get("WANDB_API_KEY"):
             missing.append(f"WANDB_API_KEY in the environment (set: {WANDB_KEY_HELP})")
     elif name == "tinker":
-        if not os.environ.get("TINKER_API_KEY"):
-            missing.append(f"TINKER_API_KEY in the environment (set: {TINKER_KEY_HELP})")
-        absent = [m for m in ("tinker", "tinker_cookbook") if not _has_module(m)]
-        if absent:
-            missing.append(
-                f"ART's tinker extra ({', '.join(absent)} not installed; "
-                f"install: {TINKER_INSTALL}; then run with .venv-tinker/bin/python -m art_rlvr.run)"
-            )
-    if name != "torch" and base_model is not None and base_model.startswith(EMBEDDED_PREFIX):
+        missing += tinker_problems(base_model)
+    if name not in ("torch", "tinker") and base_model and base_model.startswith(EMBEDDED_PREFIX):
         missing.append(
             f"a Hugging Face base model ({base_model} runs on backend=torch only; "
             "set e.g. base_model=Qwen/Qwen2.5-0.5B-Instruct)"
         )
     return missing
+
+
+def tinker_problems(base_model: str | None) -> list[str]:
+    key = os.environ.get("TINKER_API_KEY")
+    missing: list[str] = []
+    if not key:
+        missing.append(f"TINKER_API_KEY in the environment (set: {TINKER_KEY_HELP})")
+    elif not key.startswith("tml-"):
+        missing.append(
+            f"a TINKER_API_KEY that starts with tml- (the tinker SDK refuses {key[:4]}...)"
+        )
+    absent = [m for m in ("tinker", "tinker_cookbook") if not _has_module(m)]
+    if absent:
+        missing.append(
+            f"ART's tinker extra ({', '.join(absent)} not installed here; "
+            f"run with: {TINKER_INSTALL})"
+        )
+    embedded = base_model is not None and base_model.startswith(EMBEDDED_PREFIX)
+    if embedded and not os.environ.get("TINKER_BASE_URL"):
+        missing.append(
+            f"a self-hosted Tinker engine for {base_model}, which Tinker's service does not serve "
+            f"(start one: {SKYRL_START}, then export the TINKER_BASE_URL it prints), or a hub "
+            "base_model such as Qwen/Qwen3-4B-Instruct-2507"
+        )
+    return missing
+
+
+def service_problem(name: str, base_model: str | None, timeout_s: float = 10.0) -> str | None:
+    """Whether the self-hosted Tinker service a run will use answers and serves its model,
+    asked once before the run starts (one request to TINKER_BASE_URL). None for the other
+    backends, for Thinking Machines' own service, and when all is well."""
+    url = os.environ.get("TINKER_BASE_URL")
+    if name != "tinker" or not url:
+        return None
+    import httpx
+
+    start = f"{SKYRL_START} --base-model {base_model} --port {urlparse(url).port or 8765}"
+    try:
+        answer = httpx.get(f"{url.rstrip('/')}/api/v1/get_server_capabilities", timeout=timeout_s)
+        answer.raise_for_status()
+        served = [m["model_name"] for m in answer.json().get("supported_models", [])]
+    except httpx.HTTPError as error:
+        return (
+            f"no Tinker service answers at TINKER_BASE_URL={url} ({type(error).__name__}: "
+            f"{error}); start the local engine ({start}), or unset TINKER_BASE_URL for "
+            "Thinking Machines' service"
+        )
+    except (ValueError, KeyError, TypeError):
+        return f"TINKER_BASE_URL={url} answers, but not as a Tinker service (no model list)"
+    if base_model not in served:
+        return (
+            f"the Tinker service at {url} serves {', '.join(served) or 'no model'}, not "
+            f"base_model={base_model}; restart it for this model ({start}), or run with "
+            f"base_model={served[0] if served else '...'}"
+        )
+    return None
+
+
+async def service_lost(
+    base_model: str | None, *, every_s: float = 5.0, patience_s: float = 45.0
+) -> str:
+    """Wait until the self-hosted Tinker service stops answering for `patience_s`, and say
+    so in one line. The tinker SDK retries a dead service for as long as its session lives,
+    so without this a run whose engine died would hang instead of stopping to be resumed."""
+    import httpx
+
+    url = os.environ["TINKER_BASE_URL"].rstrip("/")
+    start = f"{SKYRL_START} --base-model {base_model} --port {urlparse(url).port or 8765}"
+    last_answer = time.monotonic()
+    async with httpx.AsyncClient(timeout=every_s) as client:
+        while True:
+            try:
+                (await client.get(f"{url}/api/v1/healthz")).raise_for_status()
+                last_answer = time.monotonic()
+            except httpx.HTTPError as error:
+                silent = time.monotonic() - last_answer
+                if silent >= patience_s:
+                    return (
+                        f"the Tinker service at {url} stopped answering {silent:.0f} s ago "
+                        f"({type(error).__name__}); restart it ({start}) and re-run the same "
+                        "command to resume"
+                    )
+            await asyncio.sleep(every_s)
+
+
+def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, Any] | None:
+    """ART's `_internal_config` entries a backend needs from the run: on tinker, the run's LoRA
+    rank (ART's native default is 1) and, for the embedded model, its renderer."""
+    if name != "tinker":
+        return None
+    args: dict[str, Any] = {"training_client_args": {"rank": lora_rank}}
+    if base_model.startswith(EMBEDDED_PREFIX):
+        args["renderer_name"] = EMBEDDED_RENDERER
+    return {"tinker_native_args": args}
 
 
 def check_requirements(name: str, base_model: str | None = None) -> None:
@@ -165,7 +264,12 @@ def build_backend(
             lora=LoraSettings(rank=lora_rank, alpha=2 * lora_rank),
             **torch_options,
         )
-    for note in (*TORCH_ONLY_NOTES, f"lora_rank={lora_rank} is ignored (ART's defaults apply)"):
+    lora = (
+        f"lora_rank={lora_rank} is the Tinker training client's rank"
+        if name == "tinker"
+        else f"lora_rank={lora_rank} is ignored (ART's defaults apply)"
+    )
+    for note in (*TORCH_ONLY_NOTES, lora):
         log.info("backend=%s: %s", name, note)
     if name == "local":
         from art.local import LocalBackend
@@ -175,6 +279,12 @@ def build_backend(
         from art.serverless import ServerlessBackend
 
         return ServerlessBackend()
-    from art.tinker import TinkerBackend
+    from art_rlvr.engines.tinker import TinkerBackend, register_embedded_tokenizer
 
+    if base_model is not None and base_model.startswith(EMBEDDED_PREFIX):
+        register_embedded_tokenizer(base_model)
+    log.info(
+        "backend=tinker: service %s; sampling is the engine's (runs are not bit-reproducible)",
+        os.environ.get("TINKER_BASE_URL") or "Thinking Machines' Tinker",
+    )
     return TinkerBackend(path=str(path))

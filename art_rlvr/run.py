@@ -11,6 +11,7 @@ so nothing is lost either way).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -29,7 +30,14 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 
 from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
 from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
-from art_rlvr.backends import BackendUnavailable, build_backend, check_requirements
+from art_rlvr.backends import (
+    BackendUnavailable,
+    build_backend,
+    check_requirements,
+    model_config,
+    service_lost,
+    service_problem,
+)
 from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
 from art_rlvr.config_reference import help_text
 from art_rlvr.ei.config import start_problem as ei_problem
@@ -95,6 +103,8 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
         raise ConfigError(problem)
     if cfg.policy.model is None:
         check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
+        if problem := service_problem(cfg.backend, cfg.base_model):  # a self-hosted Tinker
+            raise BackendUnavailable(f"backend={cfg.backend}: {problem}")
         if cfg.chat_template is None and declares_chat_template(cfg.base_model) is False:
             raise ChatTemplateError(missing_template(cfg.base_model))
     else:
@@ -175,10 +185,16 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
                 lora_rank=cfg.lora_rank,
                 base_model=cfg.base_model,
             )
-            model = trainable_model(cfg.name, cfg.project, cfg.base_model, cfg.chat_template)
+            model = trainable_model(
+                cfg.name,
+                cfg.project,
+                cfg.base_model,
+                cfg.chat_template,
+                model_config(cfg.backend, cfg.base_model, cfg.lora_rank),
+            )
             await register(model, backend, cfg)
             ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
-            result = await run_phases(ctx)
+            result = await watched(run_phases(ctx), cfg)
     except RolloutsFailed as error:
         # a result that is really an error is the worst output: say why, in the log and in
         # summary.json, and exit non-zero (main); never an accuracy of 0.0
@@ -192,6 +208,29 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
         if tracing:
             finish_weave()
     return write_summary(files, cfg, task, result, started, prior)
+
+
+async def watched[T](work: Coroutine[Any, Any, T], cfg: RunConfig) -> T:
+    """`work`, stopped with one line if the self-hosted Tinker service it trains on goes away
+    (its state is consistent at any moment: the same command resumes the run)."""
+    if cfg.backend != "tinker" or not os.environ.get("TINKER_BASE_URL"):
+        return await work
+    main = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(service_lost(cfg.base_model))
+    try:
+        await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if watch.done():  # the cause is known: the failing requests it leaves are not news
+            for name in ("tinker", "uvicorn.error"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+    finally:
+        for task in (watch, main):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    if main.cancelled():  # the watcher won: the service went away mid-run
+        raise BackendUnavailable(f"backend=tinker: {watch.result()}")
+    return main.result()
 
 
 async def register(model: Any, backend: Any, cfg: RunConfig) -> None:

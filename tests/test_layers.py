@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         },
     ),
     ("tasks", {"scenario", "mixture", "rewards", "sources", "leakage", "environments"}),
-    ("backend", {"backend", "backends"}),
+    ("backend", {"backend", "backends", "engines"}),
     ("llm client", {"llm", "llm_settings"}),
     ("observe", {"observe"}),
     (

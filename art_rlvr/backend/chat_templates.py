@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import jinja2.ext
@@ -127,16 +127,23 @@ def model_tokenizer(tokenizer: Any, model: Any, base_model: str) -> Any:
 
 
 def trainable_model(
-    name: str, project: str, base_model: str, chat_template: str | None = None
+    name: str,
+    project: str,
+    base_model: str,
+    chat_template: str | None = None,
+    internal: dict[str, Any] | None = None,
 ) -> Any:
     """A run's `art.TrainableModel` (run_name = name). A chat template travels in ART's own
-    `_internal_config`, which ART's backends and TorchBackend both read, to serve and train."""
+    `_internal_config`, which ART's backends and TorchBackend both read, to serve and train;
+    `internal` adds a backend's own entries (`backends.model_config`)."""
     import art
     from art.dev.model import InternalModelConfig
 
-    config: InternalModelConfig | None = (
-        None if chat_template is None else {"chat_template": chat_template}
-    )
+    entries = {
+        **(internal or {}),
+        **({} if chat_template is None else {"chat_template": chat_template}),
+    }
+    config = cast(InternalModelConfig, entries) if entries else None
     return art.TrainableModel(
         name=name, project=project, run_name=name, base_model=base_model, _internal_config=config
     )

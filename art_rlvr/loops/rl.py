@@ -261,7 +261,7 @@ def record_step[S: TrainState](
     state = state.model_copy(
         update={
             "pending": None,
-            "tokens_trained": state.tokens_trained + int(train_metrics.get("tokens", 0)),
+            "tokens_trained": state.tokens_trained + trained_tokens(train_metrics),
             "rollouts": state.rollouts + int(stats.get("trajectories", 0)),
             "step_seconds": [*state.step_seconds, round(seconds, 3)],
             "train_rewards": {**state.train_rewards, str(step): stats.get("reward_mean", 0.0)},
@@ -370,3 +370,8 @@ async def run_rl(ctx: RunContext, *, steps: int) -> dict[str, Any]:
     if cfg.eval_test and ctx.task.splits["test"]:
         summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
     return summary
+
+
+def trained_tokens(metrics: dict[str, float]) -> int:
+    """A step's trained tokens: TorchBackend's `tokens`, or ART's own backends' name for them."""
+    return int(metrics.get("tokens", metrics.get("data/step_trainable_assistant_tokens", 0)))

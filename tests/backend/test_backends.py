@@ -40,11 +40,12 @@ from art_rlvr.runfiles import RunFiles
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 KEYS = ("WANDB_API_KEY", "TINKER_API_KEY")
+TINKER_KEY = "tml-test-key-never-sent"
 
 
 @pytest.fixture
 def no_keys(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for key in KEYS:
+    for key in (*KEYS, "TINKER_BASE_URL"):
         monkeypatch.delenv(key, raising=False)
     return monkeypatch
 
@@ -97,11 +98,64 @@ def test_tinker_without_key_or_extra_names_each(no_keys: pytest.MonkeyPatch) -> 
     message = error_line("tinker", HUB_MODEL)
     assert "export TINKER_API_KEY=" in message
     has_extra = all(backends._has_module(m) for m in ("tinker", "tinker_cookbook"))
-    assert ("openpipe-art[tinker]==0.5.23" in message) is not has_extra
-    no_keys.setenv("TINKER_API_KEY", "test-key-never-sent")
+    assert ("uv run --locked --extra tinker --no-dev" in message) is not has_extra
+    no_keys.setenv("TINKER_API_KEY", "not-tinkers-shape")
+    assert "starts with tml-" in error_line("tinker", HUB_MODEL)
+    no_keys.setenv("TINKER_API_KEY", TINKER_KEY)
     left = missing_requirements("tinker", HUB_MODEL)
     assert not any("TINKER_API_KEY" in m for m in left)
     assert len(left) == (0 if has_extra else 1)
+
+
+def test_tinker_takes_the_embedded_model_only_from_a_self_hosted_engine(
+    no_keys: pytest.MonkeyPatch,
+) -> None:
+    no_keys.setenv("TINKER_API_KEY", TINKER_KEY)
+    message = error_line("tinker", DEFAULT_BASE_MODEL)
+    assert "python -m art_rlvr.engines.skyrl" in message and "TINKER_BASE_URL" in message
+    no_keys.setenv("TINKER_BASE_URL", "http://127.0.0.1:1")
+    assert not any("embedded" in m for m in missing_requirements("tinker", DEFAULT_BASE_MODEL))
+
+
+def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
+    no_keys: pytest.MonkeyPatch,
+) -> None:
+    """Nothing listens on the port: the line names the URL and the command that starts it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    no_keys.setenv("TINKER_BASE_URL", f"http://127.0.0.1:{port}")
+    problem = backends.service_problem("tinker", DEFAULT_BASE_MODEL)
+    assert problem is not None and "\n" not in problem
+    assert f"TINKER_BASE_URL=http://127.0.0.1:{port}" in problem and "refused" in problem
+    assert f"art_rlvr.engines.skyrl --base-model {DEFAULT_BASE_MODEL} --port {port}" in problem
+    assert backends.service_problem("torch", DEFAULT_BASE_MODEL) is None
+    no_keys.delenv("TINKER_BASE_URL")
+    assert backends.service_problem("tinker", HUB_MODEL) is None  # Thinking Machines': not asked
+
+
+@pytest.mark.parametrize(
+    ("name", "base_model", "expected"),
+    [
+        ("torch", DEFAULT_BASE_MODEL, None),
+        ("local", HUB_MODEL, None),
+        ("tinker", HUB_MODEL, {"tinker_native_args": {"training_client_args": {"rank": 8}}}),
+        (
+            "tinker",
+            DEFAULT_BASE_MODEL,
+            {
+                "tinker_native_args": {
+                    "training_client_args": {"rank": 8},
+                    "renderer_name": "qwen3_instruct",
+                }
+            },
+        ),
+    ],
+)
+def test_model_config_gives_tinker_the_runs_rank_and_the_embedded_renderer(
+    name: str, base_model: str, expected: dict[str, Any] | None
+) -> None:
+    assert backends.model_config(name, base_model, 8) == expected
 
 
 def test_local_names_cuda_and_the_gpu_extra_with_the_install_command() -> None:
@@ -113,7 +167,7 @@ def test_local_names_cuda_and_the_gpu_extra_with_the_install_command() -> None:
         assert "--torch-backend=cu128" in message
 
 
-@pytest.mark.parametrize("name", ["local", "serverless", "tinker"])
+@pytest.mark.parametrize("name", ["local", "serverless"])
 def test_the_embedded_model_is_refused_on_art_backends(
     name: str, no_keys: pytest.MonkeyPatch
 ) -> None:
