@@ -127,8 +127,8 @@ class RunConfig(BaseModel):
         description="mode=eval: the k of pass@k and pass^k, e.g. 1,2,4 (each <= eval_samples); "
         "default 1,n",
     )
-    # mode=eval on an external model: policy.model=openai/gpt-4o-mini, or policy.model=openai/x
-    # policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY
+    # mode=eval or mode=gepa on an external model: policy.model=openai/gpt-4o-mini, or
+    # policy.model=openai/x policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY
     policy: PolicyRole = Field(default_factory=PolicyRole)
 
     # RL (tinker-cookbook math_rl style knobs)
@@ -316,9 +316,10 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _sampled_eval(self) -> RunConfig:
         n = self.eval_samples
-        if self.policy.model is not None and self.mode != "eval":
+        if self.policy.model is not None and self.mode not in ("eval", "gepa"):
             raise ValueError(
-                f"policy.model evaluates an external model: it needs mode=eval, not {self.mode}"
+                "policy.model is an external model whose weights a run cannot train: it needs "
+                f"mode=eval or mode=gepa, not {self.mode}"
             )
         if self.policy.model is not None and self.chat_template is not None:
             raise ValueError("chat_template applies to the run's own model, not to policy.model")

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import checkpoints as ckpt
 from art_rlvr.runfolder import RunFolder, RunFolderError, read_run_folder
+from art_rlvr.text import first_line
 
 MANIFEST = "art_rlvr_export.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -42,11 +43,6 @@ _REMOTE_BACKENDS = {
 
 class ExportError(RuntimeError):
     """A run or an output folder that cannot be used; one line, exit status 2."""
-
-
-def first_line(error: BaseException) -> str:
-    """An exception as one line (library errors can run to pages)."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 class ValEval(BaseModel):

@@ -60,6 +60,7 @@ from art_rlvr.records import EvalEvent, RolloutsFailed, RunSummary
 from art_rlvr.runfiles import RunFiles, StateFileError
 from art_rlvr.scenario import Task
 from art_rlvr.sources import ScenarioFileError
+from art_rlvr.text import first_line
 from art_rlvr.verifiers_env import load_any, runners_of
 
 log = logging.getLogger("art_rlvr")
@@ -174,9 +175,13 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
             from art_rlvr.policy import external_model
 
             policy = external_model(cfg.policy, project=cfg.project)
-            result = await sampled_eval(
-                cfg, task, files, policy, started, cpu_started, system_prompt=cfg.system_prompt
-            )
+            if cfg.mode == "gepa":  # the prompt evolves, the external weights stay as they are
+                ctx = RunContext(cfg, task, None, policy, files, started, cpu_started)
+                result = await run_phases(ctx)
+            else:
+                result = await sampled_eval(
+                    cfg, task, files, policy, started, cpu_started, system_prompt=cfg.system_prompt
+                )
         else:
             backend = build_backend(
                 cfg.backend,
@@ -238,11 +243,18 @@ async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
     there (a hub id that is not on the hub, a folder without weights) is a one-line error."""
     try:
         await model.register(backend)
-    except OSError as error:
+    except Exception as error:
+        if cfg.backend == "tinker":  # the service's refusal (no room for another LoRA, ...)
+            where = os.environ.get("TINKER_BASE_URL") or "Thinking Machines' Tinker"
+            raise BackendUnavailable(
+                f"backend=tinker: the Tinker service at {where} did not start the training "
+                f"client: {first_line(error)}"
+            ) from error
+        if not isinstance(error, OSError):
+            raise
         if cfg.backend != "torch":  # ART's own backends: their errors are theirs to word
             raise
-        first = next((line for line in str(error).splitlines() if line.strip()), repr(error))
-        raise ConfigError(f"base_model={cfg.base_model}: {first}") from None
+        raise ConfigError(f"base_model={cfg.base_model}: {first_line(error)}") from None
 
 
 def _usd(cost: float | None) -> str | None:

@@ -31,3 +31,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     "unknown name" error says it the same way."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line (library errors can run to pages)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

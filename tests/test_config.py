@@ -58,7 +58,7 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
             ["mode=eval", "eval_samples=2", "eval_temperature=1", "eval_k=1,3"],
             "every k must be in 1..eval_samples=2",
         ),
-        (["mode=rl", "policy.model=openai/x"], "it needs mode=eval, not rl"),
+        (["mode=rl", "policy.model=openai/x"], "it needs mode=eval or mode=gepa, not rl"),
         (["mode=eval", "policy.api_base=http://127.0.0.1:1/v1"], "need policy.model"),
         (["mode=eval", "policy.api_key=sk-x"], "unknown key 'policy.api_key'"),
         (["mode=eval", "policy.modle=x"], "did you mean 'policy.model'"),

@@ -72,7 +72,9 @@ class SkyRLSettings(BaseModel):
     state_dir: Path | None = Field(
         default=None, description="database and checkpoints; default: the cache's skyrl/state"
     )
-    max_lora_adapters: int = Field(default=4, ge=2)
+    # one per training client: a run holds one while it runs, and SkyRL frees it only when the
+    # client's session expires (`session_timeout_s` after its last heartbeat)
+    max_lora_adapters: int = Field(default=16, ge=2)
     max_lora_rank: int = Field(default=32, ge=1)
     train_micro_batch_size: int = Field(default=1, ge=1)
     sample_max_num_sequences: int = Field(default=8, ge=1)
@@ -435,6 +437,7 @@ def parse(argv: list[str]) -> SkyRLSettings:
     parser.add_argument("--port", type=int, default=8765, help="0: any free port")
     parser.add_argument("--state-dir", type=Path, help="database and checkpoints")
     parser.add_argument("--max-lora-rank", type=int, default=32)
+    parser.add_argument("--max-lora-adapters", type=int, default=16)
     parser.add_argument("--sample-max-num-sequences", type=int, default=8)
     args = parser.parse_args(argv)
     return SkyRLSettings(
@@ -443,6 +446,7 @@ def parse(argv: list[str]) -> SkyRLSettings:
         port=args.port,
         state_dir=args.state_dir,
         max_lora_rank=args.max_lora_rank,
+        max_lora_adapters=args.max_lora_adapters,
         sample_max_num_sequences=args.sample_max_num_sequences,
     )
 

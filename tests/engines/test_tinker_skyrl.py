@@ -14,6 +14,7 @@ engine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -24,12 +25,20 @@ from typing import Any
 import pytest
 
 from art_rlvr.engines import skyrl
+from art_rlvr.stored import read_trajectories
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["scenario=arith", "groups_per_batch=2", "group_size=4", "val_limit=4", "eval_test=false"]
+SMALL = [
+    "backend=tinker",
+    "scenario=arith",
+    "groups_per_batch=2",
+    "group_size=4",
+    "val_limit=4",
+    "eval_test=false",
+]
 BETTER = "Reply with the number only, e.g. 12."
 
 
@@ -60,11 +69,13 @@ def tinker_env(engine: skyrl.RunningEngine, **extra: str) -> dict[str, str]:
     }
 
 
-def run(
+async def run(
     engine: skyrl.RunningEngine, words: list[str], **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        tinker_command(words), cwd=REPO, env=tinker_env(engine, **extra),
+    """The run in its own process, waited for off the event loop (the engine's proxy serves
+    from this loop)."""
+    return await asyncio.to_thread(
+        subprocess.run, tinker_command(words), cwd=REPO, env=tinker_env(engine, **extra),
         capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
 
@@ -80,20 +91,18 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 async def test_rl_steps_train_on_scored_rollouts_and_resume(engine, tmp_path: Path) -> None:
     run_dir = tmp_path / "rl"
-    first = run(engine, [*SMALL, "n_batches=1", f"run_dir={run_dir}"])
+    first = await run(engine, [*SMALL, "n_batches=1", f"run_dir={run_dir}"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert "backend=tinker: service http://127.0.0.1" in first.stderr
     (step,) = events(run_dir, "train")
     assert step["step"] == 1 and step["train/data/step_num_trajectories"] == 8
     assert step["train/data/step_trainable_assistant_tokens"] > 0
-    rows = [
-        json.loads(x)
-        for x in (run_dir / "trajectories" / "train_0001.jsonl").read_text().splitlines()
-    ]
-    assert len(rows) == 8 and {row["reward"] for row in rows} <= {0.0, 1.0}
+    rows = read_trajectories(run_dir / "trajectories" / "train_0001.jsonl")
+    assert len(rows) == 8 and {row.reward for row in rows} <= {0.0, 1.0}
+    assert all(row.metadata["split"] == "train" for row in rows)
     assert summary(run_dir)["steps"] == 1 and summary(run_dir)["training_tokens"] > 0
 
-    again = run(engine, [*SMALL, "n_batches=2", f"run_dir={run_dir}"])
+    again = await run(engine, [*SMALL, "n_batches=2", f"run_dir={run_dir}"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming at step 1 of 2" in again.stderr
     assert [e["step"] for e in events(run_dir, "train")] == [1, 2]
@@ -101,11 +110,11 @@ async def test_rl_steps_train_on_scored_rollouts_and_resume(engine, tmp_path: Pa
 
 
 async def test_eval_gepa_and_expert_iteration_run_through_it(engine, tmp_path: Path) -> None:
-    evaluated = run(engine, [*SMALL, "mode=eval", f"run_dir={tmp_path / 'eval'}"])
+    evaluated = await run(engine, [*SMALL, "mode=eval", f"run_dir={tmp_path / 'eval'}"])
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert summary(tmp_path / "eval")["val_accuracy_after"] is not None
 
-    distilled = run(engine, [*SMALL, "mode=ei", "rounds=1", "scenarios_per_round=4", f"run_dir={tmp_path / 'ei'}"])  # fmt: skip
+    distilled = await run(engine, [*SMALL, "mode=ei", "rounds=1", "scenarios_per_round=4", f"run_dir={tmp_path / 'ei'}"])  # fmt: skip
     assert distilled.returncode == 0, distilled.stderr[-3000:]
     ei = summary(tmp_path / "ei")
     assert ei["steps"] == 1 and ei["examples_distilled"] > 0  # a supervised step on Tinker
@@ -117,14 +126,14 @@ async def test_eval_gepa_and_expert_iteration_run_through_it(engine, tmp_path: P
             "max_metric_calls=12", "max_iterations=1", "pareto_size=4", "traces_per_iteration=2",
             "gepa.group_size=1", "min_improvement_threshold=-1", "report_val_limit=0", "max_tokens=12",
         ]  # fmt: skip
-        evolved = run(engine, words, REFLECT_KEY="k")
+        evolved = await run(engine, words, REFLECT_KEY="k")
         asked = len(server.chat_requests)
     assert evolved.returncode == 0, evolved.stderr[-3000:]
     assert asked >= 1 and summary(tmp_path / "gepa")["reflection_calls"] >= 1
 
 
 async def test_an_engine_serving_another_model_is_one_line(engine, tmp_path: Path) -> None:
-    done = run(engine, [*SMALL, "base_model=HuggingFaceTB/SmolLM2-360M-Instruct", f"run_dir={tmp_path / 'x'}"])  # fmt: skip
+    done = await run(engine, [*SMALL, "base_model=HuggingFaceTB/SmolLM2-360M-Instruct", f"run_dir={tmp_path / 'x'}"])  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: backend=tinker: the Tinker service at {engine.base_url} serves "
@@ -149,10 +158,10 @@ async def test_a_run_whose_engine_dies_stops_with_one_line_and_resumes(
     deadline = time.monotonic() + 1200
     while not (run_dir / "metrics.jsonl").exists() or not events(run_dir, "train"):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]  # type: ignore[union-attr]
-        time.sleep(2)
+        await asyncio.sleep(2)
     await engine.stop()
     stopped = time.monotonic()
-    _, err = process.communicate(timeout=300)
+    _, err = await asyncio.to_thread(process.communicate, timeout=300)
     assert process.returncode == 2, err[-3000:]
     assert time.monotonic() - stopped < 150
     assert (
@@ -166,7 +175,7 @@ async def test_a_run_whose_engine_dies_stops_with_one_line_and_resumes(
 
     port = int(engine.base_url.rsplit(":", 1)[1])
     async with skyrl.running(skyrl.SkyRLSettings(port=port, state_dir=state)) as restarted:
-        resumed = run(restarted, words)
+        resumed = await run(restarted, words)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming at step 1 of 2" in resumed.stderr
     assert [e["step"] for e in events(run_dir, "train")] == [1, 2]
