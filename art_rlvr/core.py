@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 Record = Mapping[str, Any]
 Message = dict[str, Any]  # an OpenAI chat message, as ART's `Trajectory.messages()` gives it
@@ -23,25 +23,46 @@ Loss = Literal["cispo", "ppo"]  # the policy-gradient losses ART's backends trai
 LrSchedule = Literal["constant", "linear", "cosine"]  # the learning rate over a run's RL steps
 
 
-def correct_from(reward: float, metrics: Mapping[str, Any]) -> bool:
-    """The one rule: the reward's own `correct` metric if it set one, else a full reward."""
+CORRECT_THRESHOLD = 1.0  # a reward at or above it is correct when nothing else decides
+
+
+def correct_from(
+    reward: float, metrics: Mapping[str, Any], threshold: float = CORRECT_THRESHOLD
+) -> bool:
+    """The one rule: the reward's own `correct` metric if it set one, else a reward at or
+    above `threshold` (a full reward of ours; a rollout function's scenario may declare
+    another, since ART's rewards are any real number)."""
     value = metrics.get("correct")
-    return float(value) >= 1.0 if value is not None else reward >= 1.0
+    return float(value) >= 1.0 if value is not None else reward >= threshold
 
 
-class Score(BaseModel):
-    """What a reward says about one completion or episode: the number in [0, 1], why, and
-    countable facts (`correct` among them when the reward decides it)."""
+def correct_rule(threshold: float = CORRECT_THRESHOLD, where: str = "") -> str:
+    """`correct_from`'s rule in words, as run files and reports state it."""
+    declared = f" ({where})" if where else ""
+    return f"the `correct` metric if set, else reward >= {threshold:g}{declared}"
+
+
+class Outcome(BaseModel):
+    """What a trajectory's reward said: any finite number (ART trains any real reward; a
+    rollout function's may be -100 or 5), why, and countable facts."""
 
     model_config = ConfigDict(frozen=True)
 
-    reward: float = Field(ge=0.0, le=1.0)
+    reward: FiniteFloat
     feedback: str = ""
     metrics: dict[str, float] = Field(default_factory=dict)
 
     @property
     def correct(self) -> bool:
         return correct_from(self.reward, self.metrics)
+
+
+class Score(Outcome):
+    """What one of our rewards, R(x, y), says about a completion or episode: the number in
+    [0, 1] (our rewards' contract), why, and countable facts (`correct` among them when the
+    reward decides it)."""
+
+    reward: float = Field(ge=0.0, le=1.0)
 
 
 class Reply(BaseModel):
@@ -96,6 +117,7 @@ class Episode:
 
 
 __all__ = [
+    "CORRECT_THRESHOLD",
     "DEFAULT_CALLBACK_TIMEOUT_S",
     "DEFAULT_MAX_TURNS",
     "DEFAULT_TOOL_TIMEOUT_S",
@@ -104,8 +126,10 @@ __all__ = [
     "LrSchedule",
     "Message",
     "Messages",
+    "Outcome",
     "Record",
     "Reply",
     "Score",
     "correct_from",
+    "correct_rule",
 ]

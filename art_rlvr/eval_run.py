@@ -16,10 +16,12 @@ Run the same command again after a kill and only the missing (item, sample) pair
 out; a journal left by other settings is refused, never mixed in. A rollout that raised is not
 journaled: it counts as incorrect in that session's report and runs again on a resume.
 
-Correct means `art_rlvr.outcome.is_correct` (the reward's `correct` metric, else reward >= 1),
-the one rule accuracy, GEPA and expert iteration use; vf-eval's v0 counted reward >= 0.5. For
-rewards that are 0 or 1 the two agree; for partial credit (`qa`'s F1, `arith_retry`'s discount)
-ours asks for the reward's own verdict.
+Correct means `art_rlvr.outcome.is_correct` (the reward's `correct` metric, else reward >= 1,
+or >= the `correct_threshold` a rollout function's scenario declares for its ART rewards), the
+one rule accuracy, GEPA and expert iteration use, written out in `metadata.json`
+(`correct_rule`); vf-eval's v0 counted reward >= 0.5. For rewards that are 0 or 1 the two
+agree; for partial credit (`qa`'s F1, `arith_retry`'s discount) ours asks for the reward's own
+verdict.
 """
 
 from __future__ import annotations
@@ -58,7 +60,17 @@ from art_rlvr.scenario import Scenario
 from art_rlvr.stored import StoredTrajectory, legacy_trajectory, stored_trajectory
 from art_rlvr.text import prompt_hash
 
-CORRECT_RULE = "outcome.is_correct: the reward's `correct` metric, else reward >= 1"
+
+def correct_rule_of(scenarios: Sequence[Scenario]) -> str:
+    """`outcome.is_correct`'s rule for these scenarios, in words (each task's, when they differ:
+    a mixture of a [0, 1] reward and a rollout function's ART rewards)."""
+    rules = {s.task.name: s.task.correct_rule for s in scenarios}
+    said = (
+        next(iter(rules.values()))
+        if len(set(rules.values())) == 1
+        else "; ".join(f"{name}: {rule}" for name, rule in rules.items())
+    )
+    return f"outcome.is_correct: {said}"
 
 
 class Spent(BaseModel):
@@ -313,7 +325,7 @@ async def evaluate_resumable(
     metadata = {
         **meta,
         "status": "done" if not failures else "incomplete",
-        "correct_rule": CORRECT_RULE,
+        "correct_rule": correct_rule_of(scenarios),
         "pass_at_k": report.pass_at,
         "pass_all_k": report.pass_all,
         "reward_mean": report.mean_reward,
@@ -420,11 +432,11 @@ def eval_folder(run_root: Path, split: str, step: int) -> Path:
 
 
 __all__ = [
-    "CORRECT_RULE",
     "EvalPlan",
     "EvalResult",
     "JournalRow",
     "Spent",
+    "correct_rule_of",
     "eval_folder",
     "evaluate_resumable",
     "plan_for",

@@ -4,9 +4,11 @@ Every rollout (a single reply or a multi-turn episode) ends in `attach_outcome`,
 (training statistics, evaluation, GEPA, expert iteration, run files, the report) goes through
 `outcome_of` / `is_correct` / `turns`, so "is this correct?" is decided in one place:
 
-- `trajectory.reward`: R(x, trajectory) in [0, 1];
+- `trajectory.reward`: R(x, trajectory) in [0, 1] for our rewards; any finite number for a
+  user's rollout function (ART's rewards: -100 for an illegal move, 2 for a win);
 - `trajectory.metrics["correct"]`: 1.0 or 0.0, always set (a reward may decide it; else
-  reward >= 1), next to the reward's own metrics (format, turns, tool calls, ...);
+  reward >= the scenario's threshold, 1 by default), next to the reward's own metrics (format,
+  turns, tool calls, ...);
 - `trajectory.metadata["feedback"]`: the reward's feedback text for this trajectory;
 - `trajectory.logs`: what happened on the way (tool errors, a turn cap), never the feedback;
 - `trajectory.messages_and_choices`: the whole episode; every sampled assistant turn is the
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from art_rlvr.core import Score, correct_from
+from art_rlvr.core import CORRECT_THRESHOLD, Outcome, correct_from
 
 if TYPE_CHECKING:
     import art
@@ -31,10 +33,12 @@ def attach_outcome(
     reward: float,
     feedback: str,
     metrics: Mapping[str, float],
+    correct_at: float = CORRECT_THRESHOLD,
 ) -> art.Trajectory:
-    """Write a score into the trajectory's contract fields (in place; returned for chaining)."""
+    """Write a score into the trajectory's contract fields (in place; returned for chaining);
+    without a `correct` metric, a reward >= `correct_at` is correct."""
     merged = {**trajectory.metrics, **{k: float(v) for k, v in metrics.items()}}
-    merged["correct"] = float(correct_from(reward, merged))
+    merged["correct"] = float(correct_from(reward, merged, correct_at))
     trajectory.reward = reward
     trajectory.metrics = merged
     trajectory.metadata = {**trajectory.metadata, "feedback": feedback}
@@ -50,9 +54,9 @@ def feedback_of(trajectory: art.Trajectory) -> str:
     return value if isinstance(value, str) else ""
 
 
-def outcome_of(trajectory: art.Trajectory) -> Score:
+def outcome_of(trajectory: art.Trajectory) -> Outcome:
     """What the reward said about `trajectory`, read back from it."""
-    return Score(
+    return Outcome(
         reward=trajectory.reward,
         feedback=feedback_of(trajectory),
         metrics={k: float(v) for k, v in trajectory.metrics.items()},

@@ -246,6 +246,7 @@ class RunSummary(BaseModel):
     completion_tokens: int | None = None  # completion tokens an evaluation spent
     cost_usd: float | None = None  # its price from litellm; None where litellm has none
     failed: str | None = None  # why the run stopped, when it failed (e.g. every rollout errored)
+    correct_rule: str | None = None  # what counted as correct in its accuracies
     # a mixture: its weights, and accuracy per scenario at the first and last val evaluation
     # and on test (the overall accuracies above are the mean over scenarios)
     mixture: dict[str, float] | None = None

@@ -132,7 +132,7 @@ def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
         )
         if problem := gepa_problem(cfg.gepa, task, seed_prompt):
             return f"mode={cfg.mode}: {problem}"
-    if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, task)):
+    if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, task, cfg.system_prompt)):
         return f"mode={cfg.mode}: {problem}"
     return None
 
@@ -162,6 +162,8 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     files.write_json("config.json", {**public, "versions": versions()})
     log.info("config: %s", json.dumps(public))
     log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
+    for note in task_notes(task, cfg.system_prompt):
+        log.info("%s", note)
     log.info("threads: %s", _threads())
     tracing = setup_weave(cfg.weave_project, offline=cfg.weave_offline)
     started, cpu_started = time.monotonic(), cpu_seconds()
@@ -238,6 +240,20 @@ async def watched[T](work: Coroutine[Any, Any, T], cfg: RunConfig) -> T:
     return main.result()
 
 
+def task_notes(task: Task | Mixture, system_prompt: str | None) -> list[str]:
+    """What run.log says of each scenario: what counts as correct, and how a rollout function
+    that takes no context receives the system prompt (GEPA's candidates included)."""
+    from art_rlvr.rollouts.prompted import PROMPTING
+
+    notes = [f"correct ({t.name}): {t.correct_rule}" for t in task.tasks]
+    return notes + [
+        f"rollout function {t.rollout_fn.ref} takes (model, record): {PROMPTING}"
+        for t in task.tasks
+        if t.rollout_fn is not None and not t.rollout_fn.takes_context
+        and (system_prompt or t.default_system_prompt)
+    ]  # fmt: skip
+
+
 async def register(model: Any, backend: Any, cfg: RunConfig) -> None:
     """`model.register`, which loads the base model on TorchBackend: one that cannot load
     there (a hub id that is not on the hub, a folder without weights) is a one-line error."""
@@ -281,6 +297,7 @@ def write_summary(
             "mode": cfg.mode,
             "phases": [p.label for p in cfg.plan],  # a mode as its preset
             "scenario": task.name,
+            "correct_rule": "; ".join(dict.fromkeys(t.correct_rule for t in task.tasks)),
             "seed": cfg.seed,
             "base_model": cfg.policy.model or cfg.base_model,
             "wall_seconds": round(wall, 2),

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
-from art_rlvr.core import Episode
+from art_rlvr.core import CORRECT_THRESHOLD, Episode, correct_rule
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
 from art_rlvr.environments.rollout_fn import (
     RolloutFunction,
@@ -80,12 +80,15 @@ class EnvironmentSpec(BaseModel):
 
 class RolloutSpec(BaseModel):
     """`[rollout]`: an ART rollout function (`module:function` or `file.py:function`) that runs
-    each record and sets its own reward, and how long one call may take."""
+    each record and sets its own reward, how long one call may take, and the reward at or
+    above which an episode is correct when the function sets no `correct` metric (its rewards
+    are ART's, any real number: -100 for an illegal move, 2 for a win)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     function: str
     timeout_s: float = Field(default=300.0, gt=0)
+    correct_threshold: FiniteFloat = CORRECT_THRESHOLD
 
 
 class ScenarioSpec(BaseModel):
@@ -148,6 +151,20 @@ class Task:
     @property
     def default_system_prompt(self) -> str:
         return self.spec.system_prompt
+
+    @property
+    def correct_at(self) -> float:
+        """The reward at or above which an episode without a `correct` metric is correct."""
+        rollout = self.spec.rollout
+        return rollout.correct_threshold if rollout is not None else CORRECT_THRESHOLD
+
+    @property
+    def correct_rule(self) -> str:
+        """How this task's episodes are judged correct, in words (run files, the report)."""
+        declared = self.spec.rollout is not None and (
+            "correct_threshold" in self.spec.rollout.model_fields_set
+        )
+        return correct_rule(self.correct_at, "the scenario's correct_threshold" if declared else "")
 
     @property
     def spec_max_tokens(self) -> int | None:

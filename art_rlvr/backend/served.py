@@ -135,6 +135,11 @@ class ServedLog:
                 else:
                     del self._by_key[key]
 
+    def turns(self) -> list[ServedTurn]:
+        """Every turn still recorded, oldest first: what the server was asked and answered."""
+        with self._lock:
+            return [turn for _, turn in self._order.values()]
+
     def by_id(self, response_id: str, index: int) -> ServedTurn | None:
         """The choice `index` of response `response_id`, if still recorded."""
         with self._lock:

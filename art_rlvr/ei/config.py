@@ -127,15 +127,20 @@ def record_field(x: Any, path: str) -> Any:
     return x
 
 
-def start_problem(config: EIConfig, task: Task) -> str | None:
-    """Why expert iteration cannot run on `task` (an empty train split, a teacher without the
-    gold answer field, a search tool_choice the scenario has no tool for), or None. Pure and
-    light: the CLI asks before any model loads, the loop again when it starts."""
-    if task.rollout_fn is not None and not task.rollout_fn.takes_context:
+def start_problem(config: EIConfig, task: Task, system_prompt: str | None = None) -> str | None:
+    """Why expert iteration cannot run on `task` under the run's `system_prompt` (an empty
+    train split, a teacher without the gold answer field, a search tool_choice the scenario has
+    no tool for, a rollout function without a context and no system prompt to put the hint
+    in), or None. Pure and light: the CLI asks before any model loads, the loop again when it
+    starts."""
+    fn, prompt = task.rollout_fn, system_prompt or task.default_system_prompt
+    if fn is not None and not fn.takes_context and not prompt:
         return (
-            f"rollout function {task.rollout_fn.ref!r} takes (model, record) only; expert "
-            "iteration hands a hinted attempt its hint in `context.system_prompt`: add a third "
-            "parameter `context` and send `context.system_prompt` as the system message"
+            f"rollout function {fn.ref!r} takes (model, record) and the scenario has no "
+            "system_prompt: expert iteration sends a hinted attempt its hint in the system "
+            "message its client sends (replacing the function's own), so set the scenario's "
+            "system_prompt (the clean one), or add a third parameter `context` and send "
+            "`context.system_prompt`"
         )
     train = task.splits["train"]
     if not train:

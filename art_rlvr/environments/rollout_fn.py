@@ -2,10 +2,14 @@
 at load time, so a typo costs milliseconds, not a model load.
 
 The function is ART's own shape, `async def rollout(model, record) -> art.Trajectory`, optionally
-with a third parameter that receives art_rlvr's `RolloutContext` (the system prompt GEPA
-evolves, the sampling settings and seed). It is named as `module:function` (on the Python path,
-or a module beside the scenario file) or `path/to/file.py:function` (relative to the scenario
-file). How it runs and is scored is art_rlvr.rollouts' job.
+with a third parameter named `context` (or annotated `RolloutContext`) that receives
+art_rlvr's `RolloutContext` (the system prompt GEPA evolves, the sampling settings and seed). A
+third parameter of another name (ART's 2048 example: `rollout(model, step, is_validation)`) is
+no context: with a default it is left to it, without one the function is refused, never handed
+a context it does not expect. It is named as `module:function` (on the Python path, or a module
+beside the scenario file) or `path/to/file.py:function` (relative to the scenario file); the
+file's folder goes on `sys.path` first, as `python file.py` would put it, so the helpers beside
+it import (`from utils import ...`). How it runs and is scored is art_rlvr.rollouts' job.
 """
 
 from __future__ import annotations
@@ -47,13 +51,48 @@ class RolloutFunction(BaseModel):
     takes_context: bool
 
 
+CONTEXT_NAMES = ("context", "ctx")
+
+
+def positional_params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    params = inspect.signature(fn).parameters.values()
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def positional_arity(fn: Callable[..., Any]) -> tuple[int, int]:
     """(required, accepted) positional parameters; accepted is large for `*args`."""
-    params = list(inspect.signature(fn).parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    params = inspect.signature(fn).parameters.values()
+    positional = positional_params(fn)
     required = sum(p.default is p.empty for p in positional)
     varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     return required, 1_000 if varargs else len(positional)
+
+
+def is_context(param: inspect.Parameter) -> bool:
+    """A third parameter that asks for art_rlvr's context: by its name or its annotation."""
+    annotation = getattr(param.annotation, "__name__", param.annotation)
+    return param.name in CONTEXT_NAMES or "RolloutContext" in str(annotation)
+
+
+def takes_context(fn: Callable[..., Any], ref: str) -> bool:
+    """Whether the function is handed a context: its third positional parameter is one (by
+    name or annotation), or it takes `*args`; one with a default that is not (a flag of its
+    own) is left to it; a required one that is not (2048's `is_validation`) is refused."""
+    params = positional_params(fn)
+    if len(params) < 3:
+        return positional_arity(fn)[1] >= 3  # `*args`
+    third = params[2]
+    if is_context(third):
+        return True
+    if third.default is third.empty:
+        names = ", ".join(p.name for p in params)
+        raise RolloutFunctionConfigError(
+            f"rollout {ref!r} takes ({names}): art_rlvr calls a rollout as (model, record) or "
+            f"(model, record, context), and its third parameter {third.name!r} is not a "
+            "context (name it `context`); wrap it: `async def rollout(model, record): return "
+            "await <yours>(model, ...)`"
+        )
+    return False
 
 
 def check_rollout_function(fn: Any, ref: str) -> RolloutFunction:
@@ -80,7 +119,7 @@ def check_rollout_function(fn: Any, ref: str) -> RolloutFunction:
             f"rollout {ref!r} takes {required} required positional parameter(s) and at most "
             f"{accepted}: it must accept (model, record) or (model, record, context)"
         )
-    return RolloutFunction(ref=ref, fn=fn, takes_context=accepted >= 3)
+    return RolloutFunction(ref=ref, fn=fn, takes_context=takes_context(fn, ref))
 
 
 def import_module_from(module: str, near: Path | None) -> Any:
@@ -102,6 +141,13 @@ def import_module_from(module: str, near: Path | None) -> Any:
         ) from None
 
 
+def put_on_path(folder: Path) -> None:
+    """`folder` first on `sys.path`, as `python <folder>/file.py` has it: ART's examples import
+    the helpers beside them (`from utils import ...`), at import time and inside functions."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
 def load_file(path: Path) -> Any:
     """The module in `path`, under its file name (once: a second scenario naming it reuses it)."""
     if not path.is_file():
@@ -109,6 +155,7 @@ def load_file(path: Path) -> Any:
     loaded = sys.modules.get(path.stem)
     if loaded is not None and getattr(loaded, "__file__", None) == str(path):
         return loaded
+    put_on_path(path.parent)
     try:
         return exec_file(path.stem, path)
     except Exception as error:

@@ -45,11 +45,12 @@ def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | Non
     set, a seed over the prompt limit, a budget that cannot even score the seed), or None. The
     CLI asks before any model loads; the optimizer checks the same limits when it starts."""
     fn = task.rollout_fn
-    if fn is not None and not fn.takes_context:
+    if fn is not None and not fn.takes_context and not seed_prompt:
         return (
-            f"rollout function {fn.ref!r} takes (model, record) only; GEPA evolves the system "
-            "prompt, which reaches a rollout function as its third parameter: write "
-            "`async def rollout(model, record, context)` and send `context.system_prompt`"
+            f"rollout function {fn.ref!r} takes (model, record) and there is no seed prompt: "
+            "each GEPA candidate replaces the system message its requests send through "
+            "model.openai_client(), so GEPA starts from the scenario's system_prompt (or "
+            "system_prompt= / gepa.seed_prompt=); set one"
         )
     train = len(task.splits["train"])
     if train <= config.pareto_size:

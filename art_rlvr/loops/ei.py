@@ -71,7 +71,9 @@ def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> 
 
 def check_records(ctx: RunContext, config: EIConfig) -> None:
     """Refuse what EI cannot run on before anything is spent (the CLI asked already)."""
-    if problem := start_problem(config, one_task(ctx, "expert iteration")):
+    if problem := start_problem(
+        config, one_task(ctx, "expert iteration"), ctx.config.system_prompt
+    ):
         raise ValueError(problem)
 
 

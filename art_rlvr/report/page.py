@@ -148,7 +148,9 @@ def summary_section(run: RunFolder) -> str:
         f'<div class="card"><span>wall time</span><b>{esc(duration(numbers.get("wall_seconds")))}'
         "</b></div>"
     )
-    full = (
+    rule = numbers.get("correct_rule")
+    said = f"<p class='small'>Correct: {esc(rule)}.</p>" if rule else ""
+    full = said + (
         details("summary.json", pre(run.summary.model_dump_json(indent=2)))
         if run.summary is not None
         else "<p class='small'>No summary.json yet: numbers so far, from metrics.jsonl.</p>"

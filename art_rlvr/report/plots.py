@@ -66,6 +66,14 @@ def _same(a: Sequence[float], b: Sequence[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) < 1e-9 for x, y in zip(a, b, strict=True))
 
 
+def unit_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The y range of a reward / accuracy axis: [0, 1] padded, widened to the data when a
+    rollout function's rewards (ART's: -100, 2) fall outside it."""
+    low, high = min([0.0, *values]), max([1.0, *values])
+    pad = 0.03 * (high - low)
+    return low - pad, high + pad
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -142,7 +150,7 @@ def curves_figure(
     xs, ys = _series(test, "accuracy")
     if xs:
         ax.plot(xs, ys, "*", color=RED, ms=12, label="test accuracy")
-    ax.set(xlabel=unit, ylabel="reward / accuracy", ylim=(-0.03, 1.03))
+    ax.set(xlabel=unit, ylabel="reward / accuracy", ylim=unit_limits(reward))
     _step_axis(ax, steps + xs)
     ax.legend(loc="best", fontsize=8)
     return fig
@@ -229,7 +237,8 @@ def gepa_proposals(proposals: Sequence[Proposal]) -> bytes | None:
     ax.plot([], [], "o", color=GREY, label="parent (minibatch mean)")
     ax.plot([], [], "^", color=GREEN, label="proposal, accepted")
     ax.plot([], [], "^", color=RED, label="proposal, rejected")
-    ax.set(xlabel="scored proposal #", ylabel="minibatch mean reward", ylim=(-0.03, 1.03))
+    means = [v for p in scored for v in (p.score_before, p.score_after) if v is not None]
+    ax.set(xlabel="scored proposal #", ylabel="minibatch mean reward", ylim=unit_limits(means))
     ax.set_xlim(-0.5, len(scored) - 0.5)
     if len(scored) <= 20:
         ax.set_xticks(range(len(scored)))

@@ -64,12 +64,6 @@ async def run_function(
             "messages: explicit opening messages cannot be given"
         )
     s = system_prompt if system_prompt is not None else task.default_system_prompt
-    if not task.rollout_fn.takes_context and s != task.default_system_prompt:
-        raise ValueError(
-            f"rollout function {task.rollout_fn.ref!r} takes (model, record) only, "
-            "so another system prompt cannot reach it: add a third parameter `context` and "
-            "send `context.system_prompt`"
-        )
     context = RolloutContext(
         system_prompt=s, sampling=sampling, scenario_id=scenario.id, split=scenario.split,
         step=step,

@@ -2,11 +2,14 @@
 
 A scenario with a `[rollout]` function (`async def rollout(model, record[, context])`, loaded
 and checked by `art_rlvr.environments.rollout_fn`) runs that function instead of the episode
-loop: it builds its own messages and sets its own reward, inside ART's capture scope. A function
-that raises, hangs past its timeout, or returns anything but an `art.Trajectory` with a reward
-set in [0, 1] scores 0 with the reason in `logs`, `metadata["rollout_error"]` and
-`rollout_error` = 1 in its metrics; a batch in which every rollout failed raises
-`RolloutsFailed` with the first reason.
+loop: it builds its own messages and sets its own reward, inside ART's capture scope. Its reward is
+ART's: any finite number (ART takes advantages within a group); without a `correct` metric, a
+reward at or above the scenario's `correct_threshold` (1 by default) is correct. A function
+that raises, hangs past its timeout, or returns anything but an `art.Trajectory` with a finite
+reward set scores 0 with the reason in `logs`, `metadata["rollout_error"]` and `rollout_error`
+= 1 in its metrics; a batch in which every rollout failed raises `RolloutsFailed` with the
+first reason. A function that takes no context gets the run's system prompt, when there is one,
+through its model's client (`art_rlvr.rollouts.prompted`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ from pydantic import BaseModel, ConfigDict
 from art_rlvr.environments.rollout_fn import RolloutFailed, RolloutFunction
 from art_rlvr.outcome import attach_outcome, feedback_of, is_sampled
 from art_rlvr.records import RolloutsFailed
+from art_rlvr.rollouts.prompted import (
+    PromptingClient,
+    as_sent,
+    prompted_model,
+    sent_problem,
+    sent_summary,
+)
 from art_rlvr.sampling import SamplingConfig
 from art_rlvr.scenario import Scenario
 
@@ -69,9 +79,7 @@ def returned_problem(value: Any) -> str | None:
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         return f"returned reward {reward!r}, not a number"
     if not math.isfinite(reward):
-        return f"returned a non-finite reward ({reward})"
-    if not 0.0 <= reward <= 1.0:
-        return f"returned reward {reward}, outside [0, 1]"
+        return f"returned a non-finite reward ({reward}); ART trains finite rewards only"
     return None
 
 
@@ -130,10 +138,38 @@ def failed(trajectory: art.Trajectory, ref: str, reason: str) -> art.Trajectory:
     )
 
 
+def imposed_prompt(fn: RolloutFunction, context: RolloutContext) -> str | None:
+    """The system prompt its requests must carry: the run's, for a function that takes no
+    context (one that does sends `context.system_prompt` itself); None: as it wrote them."""
+    return context.system_prompt if not fn.takes_context and context.system_prompt else None
+
+
 async def call_function(
     fn: RolloutFunction, model: art.Model, record: Any, context: RolloutContext, timeout_s: float
 ) -> tuple[Any, art.Trajectory, str | None]:
-    """(what the function returned, ART's capture of its requests, why it failed or None)."""
+    """(what the function returned, ART's capture of its requests, why it failed or None); a
+    function without a context sends the run's system prompt through its model's client."""
+    prompt = imposed_prompt(fn, context)
+    if prompt is None:
+        return await call_plain(fn, model, record, context, timeout_s)
+    client = PromptingClient(prompt)
+    try:
+        value, scope, problem = await call_plain(
+            fn, prompted_model(model, client), record, context, timeout_s
+        )
+    finally:
+        await client.aclose()
+    if isinstance(value, art.Trajectory):
+        value = as_sent(value, prompt)
+        value.metadata = {**value.metadata, "system_prompt_sent": sent_summary(client)}
+        problem = problem or sent_problem(value, scope, client)
+    return value, scope, problem
+
+
+async def call_plain(
+    fn: RolloutFunction, model: art.Model, record: Any, context: RolloutContext, timeout_s: float
+) -> tuple[Any, art.Trajectory, str | None]:
+    """The function called once, inside ART's capture scope and under `timeout_s`."""
     scope = art.Trajectory()
     args = (model, record, context) if fn.takes_context else (model, record)
     try:
@@ -177,6 +213,7 @@ async def function_rollout(
         reward=float(trajectory.reward),
         feedback=feedback_of(trajectory),
         metrics={ROLLOUT_ERROR: 0.0, **completion_tokens(trajectory)},
+        correct_at=task.correct_at,
     )
 
 

@@ -293,6 +293,12 @@ class ScriptedServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def role(self, key_env: str, **settings: Any) -> dict[str, Any]:
+        """A reflection LM's or teacher's settings pointing at this server (its key read from
+        `key_env`, which the caller sets)."""
+        return {"model": "openai/scripted", "api_base": self.base_url, "api_key_env": key_env,
+                "timeout_s": 5.0, **settings}  # fmt: skip
+
     @property
     def requests(self) -> list[Recorded]:
         with self._script.lock:

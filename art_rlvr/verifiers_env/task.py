@@ -9,15 +9,24 @@ trace). The endpoint is always the policy's (`model.inference_base_url`, the ste
 `model.get_inference_name(...)`), the runtime a local subprocess: never Prime's hosted
 defaults. The trace's messages become the trajectory (sampled turns as `Choice`s, branches of a
 multi-turn env as extra histories); TorchBackend finds each turn's served token ids again from
-them. The reward is the trace's (Σ score·weight), each reward and metric is logged as
-`vf/<name>`; a trace verifiers marked failed (a rubric that raised, a harness, tool or provider
-error) scores 0 with verifiers' error text as the reason.
+them. The reward is the trace's (Σ score·weight, any finite number: ART trains any real
+reward), each reward and metric is logged as `vf/<name>`; a trace verifiers marked failed (a
+rubric that raised, a harness, tool or provider error) scores 0 with verifiers' error text as
+the reason.
+
+The Env's config is shaped as its author declared it: every seat the Env declares (`agent`,
+kuhn poker's `player0`/`player1`, code golf's `golfer`) plays on art_rlvr's harness in a local
+subprocess runtime, with the file's seat settings on top; one seat's trace trains (`seat`),
+the others play the policy as part of the environment. An infinite taskset (`INFINITE`) is read
+only as far as the splits reach.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import math
 import os
 import random
 import sys
@@ -32,7 +41,15 @@ from art_rlvr.environments.rollout_fn import RolloutFailed, RolloutFunction
 from art_rlvr.mixture import Mixture, load_scenarios
 from art_rlvr.scenario import RolloutSpec, ScenarioSpec, Task, fill_splits, toml_line
 from art_rlvr.sources import ScenarioFileError
-from art_rlvr.verifiers_env.spec import HARNESS, PREFIX, VerifiersSpec, split_ranges
+from art_rlvr.verifiers_env.spec import (
+    HARNESS,
+    PREFIX,
+    VerifiersSpec,
+    seat_problem,
+    split_ranges,
+    tasks_needed,
+    trained_seat,
+)
 
 if TYPE_CHECKING:
     import art
@@ -56,17 +73,53 @@ def import_verifiers() -> Any:
     return vf
 
 
-def env_config(spec: VerifiersSpec) -> dict[str, Any]:
-    """The Env config verifiers validates: the taskset, and one agent seat (`agent`) on the
-    chosen harness in a local subprocess runtime."""
-    agent: dict[str, Any] = {
-        "harness": {**spec.harness_args, "id": spec.harness},
+def seat_config(spec: VerifiersSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """One seat's agent config: the file's settings for it, on the chosen harness (its
+    settings merged) in a local subprocess runtime, under the episode timeout."""
+    harness = {"id": spec.harness, **spec.harness_args, **settings.get("harness", {})}
+    seat = {
+        **settings,
+        "harness": harness,
         "runtime": {"type": "subprocess"},
-        "timeout": {"rollout": spec.timeout_s},
+        "timeout": {"rollout": spec.timeout_s, **settings.get("timeout", {})},
     }
     if spec.max_turns is not None:
-        agent["max_turns"] = spec.max_turns
-    return {**spec.env_args, "taskset": {**spec.args, "id": spec.id}, "agent": agent}
+        seat.setdefault("max_turns", spec.max_turns)
+    return seat
+
+
+def env_config(spec: VerifiersSpec, seats: Iterable[str]) -> dict[str, Any]:
+    """The Env config verifiers validates: the taskset, and each seat the Env declares."""
+    settings = spec.seat_settings
+    return {
+        **spec.env_args,
+        "taskset": {**spec.args, "id": spec.id},
+        **{seat: seat_config(spec, settings.get(seat, {})) for seat in seats},
+    }
+
+
+def declared_seats(vf: Any, spec: VerifiersSpec) -> list[str]:
+    """The seats (agent roles) the taskset's Env declares, in order: `agent` for the single-
+    agent env, whatever names a multi-agent one gives them."""
+    cls = vf.env_config_type(spec.id, str(spec.env_args.get("id", "")))
+    return [n for n, f in cls.model_fields.items() if isinstance(f.default, vf.AgentConfig)]
+
+
+def taken(spec: VerifiersSpec, taskset: Any) -> list[Any]:
+    """The tasks, in order: all of a finite taskset; of an infinite one, as many as the splits
+    read (it would never end otherwise), or a "not supported" line when they read to its end."""
+    if taskset.bounded:
+        return list(taskset)
+    try:
+        bound = tasks_needed(spec)
+    except ValueError as error:
+        raise VerifiersLoadError(f"taskset {spec.id!r}: {error}") from None
+    if bound is None:
+        raise VerifiersLoadError(
+            f"not supported: taskset {spec.id!r} is infinite (it yields tasks forever) and the "
+            "splits read to its end; give every split as a count or a closed 'start:stop' range"
+        )
+    return list(itertools.islice(taskset, bound))
 
 
 def register_harness() -> None:
@@ -96,9 +149,9 @@ def share_module_path(name: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
-def load_env(spec: VerifiersSpec, near: Path | None = None) -> tuple[Any, list[Any]]:
-    """(the verifiers Env, its tasks in order); every way loading fails is one line. A module
-    beside the scenario file (`near`) is found there."""
+def load_env(spec: VerifiersSpec, near: Path | None = None) -> tuple[Any, list[Any], str]:
+    """(the verifiers Env, its tasks in order, the seat that trains); every way loading fails
+    is one line. A module beside the scenario file (`near`) is found there."""
     vf = import_verifiers()
     if spec.harness == HARNESS:
         register_harness()
@@ -107,19 +160,32 @@ def load_env(spec: VerifiersSpec, near: Path | None = None) -> tuple[Any, list[A
     if beside and name not in sys.modules and str(near) not in sys.path:
         sys.path.insert(0, str(near))
     try:
-        env = vf.load_environment(vf.resolve_env_config(env_config(spec)))
-        tasks = list(env.taskset)
+        seats = declared_seats(vf, spec)
+        if problem := seat_problem(spec, seats):
+            raise VerifiersLoadError(problem)
+        env = vf.load_environment(vf.resolve_env_config(env_config(spec, seats)))
+        tasks = taken(spec, env.taskset)
+    except VerifiersLoadError:
+        raise
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise VerifiersLoadError(f"taskset {spec.id!r}: {where}: {first['msg']}") from None
+        said = error_line(error, "its config")
+        raise VerifiersLoadError(f"taskset {spec.id!r}: {said}") from None
     except Exception as error:  # the taskset's own code runs here too (its `load`)
         text = " ".join(str(error).split())
         raise VerifiersLoadError(f"taskset {spec.id!r}: {type(error).__name__}: {text}") from None
     if not tasks:
         raise VerifiersLoadError(f"taskset {spec.id!r} yields no tasks")
     share_module_path(name)
-    return env, tasks
+    return env, tasks, trained_seat(spec, seats)
+
+
+def error_line(error: ValidationError, whose: str) -> str:
+    """pydantic's first complaint as one line; a key the schema lacks is "not supported"."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"{where}: not supported ({whose} has no such key)"
+    return f"{where}: {first['msg']}"
 
 
 def common_system_prompt(tasks: Iterable[Any]) -> str | None:
@@ -175,7 +241,7 @@ def build_task(
     near: Path,
     seed: int,
 ) -> Task:
-    env, tasks = load_env(spec, near if path is not None else None)
+    env, tasks, seat = load_env(spec, near if path is not None else None)
     common = common_system_prompt(tasks)
     default = system_prompt if system_prompt is not None else common or ""
     runner = VerifiersRunner(
@@ -183,14 +249,20 @@ def build_task(
         dict(zip(short_ids(tasks), tasks, strict=True)),
         spec,
         keep=None if system_prompt is not None else common,
+        seat=seat,
     )
     ref = f"{PREFIX}{spec.id}"
+    threshold = (
+        {"correct_threshold": spec.correct_threshold}
+        if "correct_threshold" in spec.model_fields_set
+        else {}
+    )
     scenario_spec = ScenarioSpec(
         name=name or spec.id.rsplit("/", 1)[-1].split("@", 1)[0],
         description=description,
         system_prompt=default,
         source={"type": "verifiers", **spec.model_dump(mode="json")},
-        rollout=RolloutSpec(function=ref, timeout_s=spec.timeout_s + 30),
+        rollout=RolloutSpec(function=ref, timeout_s=spec.timeout_s + 30, **threshold),
         max_tokens=max_tokens,
     )
     task = Task(
@@ -221,10 +293,7 @@ def verifiers_task(
     try:
         spec = VerifiersSpec(id=id, args=args or {}, **options)
     except ValidationError as error:
-        first = error.errors()[0]
-        raise ScenarioFileError(
-            f"verifiers {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        ) from None
+        raise ScenarioFileError(f"verifiers {error_line(error, '[verifiers]')}") from None
     try:
         return build_task(
             spec, name=name, system_prompt=system_prompt, max_tokens=max_tokens, path=None,
@@ -255,8 +324,8 @@ def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Task:
         key = str(first["loc"][0]) if first["loc"] else None
         line = toml_line(text, "verifiers", key)
         where = f"{path}:{line}" if line else str(path)
-        dotted = ".".join(str(p) for p in first["loc"])
-        raise ScenarioFileError(f"{where}: verifiers.{dotted}: {first['msg']}") from None
+        said = error_line(error, "[verifiers]")
+        raise ScenarioFileError(f"{where}: verifiers.{said}") from None
     try:
         return build_task(
             spec, name=raw.get("name", path.stem), description=raw.get("description", ""),
@@ -315,11 +384,19 @@ class VerifiersRunner:
     owner task of the running event loop, from the first episode (or `start()`) to `aclose()`
     (a loop that shuts down cancels the owner, which closes it too)."""
 
-    def __init__(self, env: Any, tasks: dict[str, Any], spec: VerifiersSpec, keep: str | None):
+    def __init__(
+        self,
+        env: Any,
+        tasks: dict[str, Any],
+        spec: VerifiersSpec,
+        keep: str | None,
+        seat: str = "agent",
+    ):
         self.env = env
         self.tasks = tasks
         self.spec = spec
         self.keep = keep  # the system prompt the tasks share (None: replace it always)
+        self.seat = seat  # the seat whose trace is the trajectory
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -384,7 +461,7 @@ class VerifiersRunner:
             ),
         )
         episode = await self.env.run_episode(self.task_for(record, context.system_prompt), ctx)
-        return trajectory_of(episode)
+        return trajectory_of(episode, self.seat)
 
 
 def message_dict(message: Any) -> dict[str, Any]:
@@ -481,26 +558,33 @@ def feedback(trace: Any) -> str:
 
 
 def reward_problem(trace: Any) -> str | None:
-    """Why the trace's reward cannot be a reward in [0, 1] (the rule every rollout function
-    follows), naming the weights when they are the cause; None when it can."""
-    if 0.0 <= trace.reward <= 1.0:
+    """Why the trace's reward cannot train (a non-finite one), naming the rubric's weights;
+    None when it can: any finite number, as ART trains any real reward."""
+    if math.isfinite(trace.reward):
         return None
     weights = {k: v.weight for k, v in sorted(trace.rewards.items()) if v is not None}
     listed = ", ".join(f"{k} {w:g}" for k, w in weights.items())
     return (
-        f"reward {trace.reward:g} is outside [0, 1] (the rubric's weights: {listed}, sum "
-        f"{sum(weights.values()):g}); give the rewards weights that keep it in [0, 1]"
+        f"reward {trace.reward:g} is not finite (the rubric's weights: {listed}); ART trains "
+        "finite rewards only"
     )
 
 
-def trajectory_of(episode: Any) -> art.Trajectory:
-    """The episode's first trace as an `art.Trajectory` (its last branch as the messages, the
-    others as additional histories); raises `RolloutFailed` (with what was sampled) when
-    verifiers marked it failed."""
+def seat_trace(episode: Any, seat: str) -> Any:
+    """The episode's first trace of `seat` (a trace is stamped with the seat that played it),
+    else its first trace; None without any."""
+    traces = list(episode.traces)
+    return next((t for t in traces if t.agent.name == seat), traces[0] if traces else None)
+
+
+def trajectory_of(episode: Any, seat: str = "agent") -> art.Trajectory:
+    """The episode's trace of the trained `seat` as an `art.Trajectory` (its last branch as the
+    messages, the others as additional histories); raises `RolloutFailed` (with what was
+    sampled) when verifiers marked it failed."""
     import art
     from art.trajectories import LegacyHistory
 
-    trace = episode.traces[0] if episode.traces else None
+    trace = seat_trace(episode, seat)
     trajectory = art.Trajectory(messages_and_choices=[], reward=0.0)
     if trace is not None:
         branches = [b for b in trace.branches if b.trainable] or trace.branches
@@ -514,7 +598,12 @@ def trajectory_of(episode: Any) -> art.Trajectory:
             additional_histories=histories,
             reward=0.0,
             metrics=metrics_of(trace),
-            metadata={"vf_trace_id": trace.id, "vf_stop": str(trace.stop_condition)},
+            metadata={
+                "vf_trace_id": trace.id,
+                "vf_stop": str(trace.stop_condition),
+                "vf_seat": trace.agent.name,
+                "vf_traces": len(episode.traces),
+            },
         )
         trajectory.logs.extend(f"verifiers {e.type}: {e.message}" for e in trace.errors)
     reason = failure(episode, trace) or (reward_problem(trace) if trace is not None else None)

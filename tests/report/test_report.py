@@ -649,6 +649,29 @@ def test_step_axes_have_whole_numbers_and_series_stay_apart() -> None:
     assert [line.get_label() for line in ax.get_lines()] == ["train reward (= accuracy)"]
 
 
+@pytest.mark.parametrize(
+    ("rewards", "low", "high"),
+    [((0.3, 0.6), -0.03, 1.03), ((-100.0, 5.0), -103.15, 8.15), ((0.5, 2.0), -0.06, 2.06)],
+)
+def test_the_reward_axis_widens_to_rewards_outside_zero_to_one(
+    rewards: tuple[float, float], low: float, high: float
+) -> None:
+    """A rollout function's ART rewards (-100 for an illegal move, 2 for a win) stay on the
+    plot; a [0, 1] reward keeps the unit axis."""
+    train = [train_record(1, rewards[0], 0.0), train_record(2, rewards[1], 1.0)]
+    ax, _ = drawn(plots.curves_figure(train, [], [], "step"))
+    assert ax.get_ylim() == pytest.approx((low, high))
+
+
+def test_the_summary_says_what_counted_as_correct(tmp_path: Path) -> None:
+    root = write_run(tmp_path / "run")
+    summary = json.loads((root / "summary.json").read_text())
+    rule = "the `correct` metric if set, else reward >= 5 (the scenario's correct_threshold)"
+    (root / "summary.json").write_text(json.dumps({**summary, "correct_rule": rule}))
+    code, html = report(root)
+    assert code == 0 and "Correct: the `correct` metric if set, else reward &gt;= 5" in html
+
+
 def test_an_evaluation_alone_is_centred_on_its_step() -> None:
     """An eval-only run has one point: the axis spans step +- 1 with one tick, the step
     (it used to run from -0.045 to 0.045)."""

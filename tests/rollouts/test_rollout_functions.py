@@ -40,18 +40,27 @@ SOURCE = {"type": "arith", "ops": ["+"], "min_value": 1, "max_value": 9,
           "splits": {"train": 6, "val": 3, "test": 2}}  # fmt: skip
 
 
-def scenario_file(folder: Path, function: str, *, extra: str = "", timeout_s: float = 5) -> Path:
+def scenario_file(
+    folder: Path,
+    function: str,
+    *,
+    extra: str = "",
+    timeout_s: float = 5,
+    rollout: str = "",
+    system_prompt: str | None = "Reply with only the number.",
+) -> Path:
     path = folder / "mine.toml"
     path.write_text(
         'name = "mine"\n'
-        'system_prompt = "Reply with only the number."\n'
-        f"{extra}"
+        + (f'system_prompt = "{system_prompt}"\n' if system_prompt is not None else "\n")
+        + f"{extra}"
         "[source]\n"
         'type = "arith"\nops = ["+"]\nmin_value = 1\nmax_value = 9\n'
         "splits = { train = 6, val = 3, test = 2 }\n"
         "\n[rollout]\n"
         f'function = "{function}"\n'
         f"timeout_s = {timeout_s}\n"
+        f"{rollout}"
     )
     return path
 
@@ -68,6 +77,11 @@ LOAD_ERRORS = [
     (case("not_async"), "is not an async function"),
     (case("one_param"), "must accept (model, record) or (model, record, context)"),
     (case("four_params"), "takes 4 required positional parameter(s)"),
+    (
+        case("step_and_validation"),
+        "takes (model, step, is_validation): art_rlvr calls a rollout as (model, record) or "
+        "(model, record, context), and its third parameter 'is_validation' is not a context",
+    ),
     (case("NOT_A_FUNCTION"), "is a int, not a function"),
     (f"{CASES.parent / 'rollout_broken.py'}:rollout", "raised RuntimeError: broken at import"),
 ]
@@ -121,10 +135,8 @@ FAULTS = [
     ("hangs", "timed out after 0.5 s"),
     ("own_timeout", "raised TimeoutError"),
     ("no_reward", "reward was never set"),
-    ("nan_reward", "non-finite reward (nan)"),
-    ("big_reward", "returned reward 2.0, outside [0, 1]"),
-    ("negative_reward", "returned reward -0.5, outside [0, 1]"),
-    ("claims_correct", "returned reward 5.0, outside [0, 1]"),
+    ("nan_reward", "returned a non-finite reward (nan); ART trains finite rewards only"),
+    ("inf_reward", "returned a non-finite reward (inf); ART trains finite rewards only"),
     ("returns_float", "returned float, not an art.Trajectory"),
     ("returns_none", "returned NoneType, not an art.Trajectory"),
 ]
@@ -141,6 +153,36 @@ async def test_a_failing_function_scores_zero_with_its_reason(
     assert reason in (rollout_failure(t) or "")
     assert any(reason in line for line in t.logs)
     assert t.metadata["scenario_id"] == scenario.id and reason in t.metadata["feedback"]
+
+
+REWARDS = [  # (function, [rollout] lines, the reward trained, correct)
+    ("minus_hundred", "", -100.0, False),  # ART's tic-tac-toe: an illegal move
+    ("five", "", 5.0, True),  # at or above the default threshold, 1
+    ("five", "correct_threshold = 5\n", 5.0, True),
+    ("five", "correct_threshold = 10\n", 5.0, False),
+    ("minus_hundred", "correct_threshold = -200\n", -100.0, True),
+    ("five_marked_wrong", "", 5.0, False),  # its own `correct` metric decides
+    ("minus_one_marked_right", "correct_threshold = 5\n", -1.0, True),
+]
+
+
+@pytest.mark.parametrize(("name", "rollout_lines", "reward", "correct"), REWARDS)
+async def test_any_finite_reward_is_kept_and_correct_follows_the_declared_rule(
+    tmp_path: Path, name: str, rollout_lines: str, reward: float, correct: bool
+) -> None:
+    """ART's rewards are any real number: kept as the function set it (ART takes advantages
+    within a group); correct is the function's `correct` metric, else the scenario's
+    `correct_threshold`, and evaluation and the run files state that rule."""
+    path = scenario_file(tmp_path, case(name), rollout=rollout_lines)
+    task = load_task(str(path))
+    t = await rollout(offline_model(), task.splits["val"][0])
+    assert t.reward == reward and t.metrics["rollout_error"] == 0.0
+    assert t.metrics["correct"] == float(correct)
+    report = await evaluate(offline_model(), task.splits["val"])
+    assert report.accuracy == float(correct) and report.mean_reward == reward
+    threshold = rollout_lines.partition("= ")[2].strip() or "1"
+    declared = " (the scenario's correct_threshold)" if rollout_lines else ""
+    assert task.correct_rule == f"the `correct` metric if set, else reward >= {threshold}{declared}"
 
 
 async def test_every_rollout_failing_is_an_error_not_a_zero(tmp_path: Path) -> None:
@@ -174,26 +216,97 @@ async def test_python_api_runs_a_callable_and_counts_failures() -> None:
     assert math.isclose(report.accuracy, (3 - odd_val) / 3)
 
 
-def test_a_function_without_context_cannot_run_gepa_or_ei(tmp_path: Path) -> None:
+@pytest.mark.parametrize("system_prompt", ["Reply with only the number.", None])
+def test_a_function_without_context_runs_gepa_and_ei_from_a_system_prompt(
+    tmp_path: Path, system_prompt: str | None
+) -> None:
+    """A (model, record) function receives GEPA's candidate and EI's hinted prompt through its
+    client, so both run on it; without a system prompt to start from they are refused."""
     from art_rlvr.ei.config import EIConfig
     from art_rlvr.ei.config import start_problem as ei_problem
     from art_rlvr.gepa.config import GEPAConfig
     from art_rlvr.gepa.start import start_problem as gepa_problem
 
-    two = load_task(str(scenario_file(tmp_path, case("always_right"))))
-    problem = gepa_problem(GEPAConfig(), two, "prompt")
-    assert problem and "third parameter" in problem and "context.system_prompt" in problem
-    problem = ei_problem(EIConfig(), two)
-    assert problem and "third parameter" in problem and "context.system_prompt" in problem
-    three = load_task(str(scenario_file(tmp_path, case("answer"))))
-    assert gepa_problem(GEPAConfig(pareto_size=2), three, "prompt") is None
+    path = scenario_file(tmp_path, case("always_right"), system_prompt=system_prompt)
+    two = load_task(str(path))
+    seed = two.default_system_prompt
+    gepa, ei = gepa_problem(GEPAConfig(pareto_size=2), two, seed), ei_problem(EIConfig(), two)
+    if system_prompt is not None:
+        assert gepa is None and ei is None
+    else:
+        assert gepa and "there is no seed prompt" in gepa and "model.openai_client()" in gepa
+        assert ei and "the scenario has no system_prompt" in ei
+        assert ei_problem(EIConfig(), two, "A prompt of the run's.") is None
+        assert gepa_problem(GEPAConfig(pareto_size=2), two, "A prompt of the run's.") is None
+    three = load_task(str(scenario_file(tmp_path, case("answer"), system_prompt=system_prompt)))
+    assert gepa_problem(GEPAConfig(pareto_size=2), three, seed) is None
     assert ei_problem(EIConfig(), three) is None
 
 
-async def test_a_system_prompt_cannot_reach_a_function_without_context(tmp_path: Path) -> None:
-    task = load_task(str(scenario_file(tmp_path, case("always_right"))))
-    with pytest.raises(ValueError, match="takes \\(model, record\\) only"):
-        await rollout(offline_model(), task.splits["val"][0], system_prompt="another prompt")
+def scripted_policy(server: ScriptedServer) -> art.Model:
+    return art.Model(
+        name="scripted", project="tests", inference_base_url=server.base_url,
+        inference_api_key="k", inference_model_name="scripted",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("function", "how"),
+    [("game_like", "replaced in 1"), ("captured", "inserted in 1")],  # own system message, none
+)
+async def test_a_system_prompt_reaches_a_function_without_context_through_its_client(
+    tmp_path: Path, function: str, how: str
+) -> None:
+    """The run's system prompt (GEPA's candidate) reaches an unchanged (model, record) function's
+    request, as the server received it; the trajectory records what was sent."""
+    task = load_task(str(scenario_file(tmp_path, case(function))))
+    sc = task.splits["val"][0]
+    with ScriptedServer([], default=Step.reply("7")) as server:
+        t = await rollout(scripted_policy(server), sc, system_prompt="Evolved prompt.")
+        received = [r.body["messages"] for r in server.chat_requests]
+    (messages,) = received
+    assert messages[0] == {"role": "system", "content": "Evolved prompt."}
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "You are a calculator." not in json.dumps(received)
+    assert t.metrics["rollout_error"] == 0.0 and t.metadata["system_prompt_sent"] == how
+    assert turns(t)[0] == messages[0] and [m["role"] for m in turns(t)][-1] == "assistant"
+    stored = stored_trajectory(t)
+    assert stored.opening[0].content == "Evolved prompt."
+
+
+async def test_a_function_with_a_client_of_its_own_is_told_the_prompt_missed_it(
+    tmp_path: Path,
+) -> None:
+    task = load_task(str(scenario_file(tmp_path, case("own_client"))))
+    with ScriptedServer([], default=Step.reply("7")) as server:
+        t = await rollout(scripted_policy(server), task.splits["val"][0])
+        (request,) = server.chat_requests
+    assert request.body["messages"][0]["role"] == "user"  # nothing reached it
+    reason = rollout_failure(t) or ""
+    assert reason.startswith("the system prompt did not reach 1 request(s)")
+    assert "model.openai_client()" in reason and t.reward == 0.0
+
+
+async def test_a_third_parameter_of_its_own_is_left_to_it(tmp_path: Path) -> None:
+    task = load_task(str(scenario_file(tmp_path, case("own_flag"))))
+    assert task.rollout_fn is not None and not task.rollout_fn.takes_context
+    t = await rollout(offline_model(), task.splits["val"][0])
+    assert t.reward == 1.0 and t.metrics["rollout_error"] == 0.0  # verbose kept its default
+
+
+def test_the_helpers_beside_a_rollout_file_import(tmp_path: Path) -> None:
+    """ART's examples import what sits beside them (`from utils import ...`), at import time
+    and inside the function: the file's folder is on the path, as `python rollout.py` has it."""
+    folder = tmp_path / "example_xyz"
+    folder.mkdir()
+    (folder / "helpers_xyz.py").write_text("WINNING_VALUE = 2048\n")
+    (folder / "rollout.py").write_text(
+        "import art\nfrom helpers_xyz import WINNING_VALUE\n\n"
+        "async def rollout(model, record):\n"
+        "    return art.Trajectory(reward=float(WINNING_VALUE == 2048))\n"
+    )
+    task = load_task(str(scenario_file(folder, "rollout.py:rollout")))
+    assert task.rollout_fn is not None and task.rollout_fn.fn.__module__ == "rollout"
 
 
 async def test_the_context_carries_prompt_sampling_and_seed(tmp_path: Path) -> None:
@@ -255,6 +368,36 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
         )
 
 
+def test_cli_eval_of_rewards_of_five_and_minus_hundred_states_its_correct_rule(
+    tmp_path: Path,
+) -> None:
+    """`mode=eval` through the CLI on a function whose rewards are 5 (right) and -100 (wrong),
+    with `correct_threshold = 5` declared: the mean reward is ART's, pass@k counts the 5s, and
+    metadata.json and summary.json say what counted as correct."""
+    from clirun import base_env, cli
+
+    path = scenario_file(tmp_path, case("five_or_minus_hundred"), rollout="correct_threshold = 5\n")
+    val = load_task(str(path)).splits["val"]
+    script = [Step.reply(str(s.x["answer"])) if i == 0 else Step.reply("no idea")
+              for i, s in enumerate(val)]  # fmt: skip
+    args = [
+        f"scenario={path}", "mode=eval", "policy.model=openai/scripted",
+        f"run_dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    with ScriptedServer(script) as llm:
+        done = cli([*args, f"policy.api_base={llm.base_url}"], base_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = next((tmp_path / "run" / "evals").glob("val_*"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    rule = "the `correct` metric if set, else reward >= 5 (the scenario's correct_threshold)"
+    assert meta["correct_rule"] == f"outcome.is_correct: {rule}"
+    assert meta["reward_mean"] == pytest.approx((5 - 100 - 100) / 3)
+    assert meta["pass_at_k"]["1"] == pytest.approx(1 / 3) and meta["errors"] == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["correct_rule"] == rule
+    assert f"correct (mine): {rule}" in (tmp_path / "run" / "run.log").read_text()
+
+
 def test_cli_eval_where_every_rollout_fails_exits_with_the_cause(tmp_path: Path) -> None:
     from clirun import base_env, cli
 
@@ -288,17 +431,70 @@ async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, 
             reply = trajectories[0].exchanges.chat_completions[0].response.choices[0]
             x = task.splits["train"][0].x
             assert [(m.role, m.content) for m in row.opening] == [
-                ("user", f"{x['a']} + {x['b']} =")
+                ("system", "Reply with only the number."),  # the scenario's, inserted as sent
+                ("user", f"{x['a']} + {x['b']} ="),
             ]
             assert row.completion == (reply.message.content or "")
             assert row.to_art().exchanges == trajectories[0].exchanges
-            assert [m["role"] for m in turns(trajectories[0])] == ["user", "assistant"]
+            assert [m["role"] for m in turns(trajectories[0])] == ["system", "user", "assistant"]
         for g in groups:  # spread the rewards so that every group carries signal
             for i, t in enumerate(g.trajectories):
                 t.reward = float(i % 2)
         step = await model.get_step()
         result = await model.backend().train(model, trainable(groups), learning_rate=1e-4)
         assert result.step == step + 1 and result.metrics["turns_served"] == 4
+
+
+def served_prompts(backend, model: art.Model) -> list[str]:
+    """The prompts TorchBackend's server received for `model`, decoded from the ids it
+    recorded for every completion it returned (its own record, not the client's)."""
+    trainee = backend._trainees[model.name]
+    return [trainee.tokenizer.decode(list(t.prompt_ids)) for t in trainee.served.turns()]
+
+
+async def test_art_style_rewards_of_minus_one_to_one_train_one_rl_step_and_evaluate(
+    tmp_path: Path, backend, make_model
+) -> None:
+    """`mode=rl` for one step on an unchanged ART-shaped function (two parameters, its own
+    system message, rewards in {-1, 0, 1} as ART's 2048) with the embedded model: the batch
+    trains on ART's group advantages of those rewards, and the evaluations judge correct by
+    the default threshold (reward >= 1)."""
+    import time
+
+    from art_rlvr.config import parse_args
+    from art_rlvr.loops.context import RunContext
+    from art_rlvr.loops.runner import run_phases
+    from art_rlvr.runfiles import RunFiles
+
+    path = scenario_file(tmp_path, case("game_like"), system_prompt=None, timeout_s=300)
+    task = load_task(str(path))
+    run = tmp_path / "run"
+    cfg = parse_args(
+        [f"scenario={path}", "mode=rl", "n_batches=1", "groups_per_batch=3", "group_size=4",
+         "val_limit=3", "eval_test=false", f"run_dir={run}"]
+    )  # fmt: skip
+    model = await make_model("rf-rl")
+    ctx = RunContext(cfg, task, backend, model, RunFiles(run), time.monotonic())
+    summary = await run_phases(ctx)
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (train,) = [e for e in events if e["event"] == "train"]
+    rows = read_trajectories(run / "trajectories" / "train_0001.jsonl")
+    by_step = [read_trajectories(run / "trajectories" / f"val_000{i}.jsonl") for i in (0, 1)]
+    held = [r for rs in by_step for r in rs]
+    rewards = [r.reward for r in rows]
+    assert {r.reward for r in [*rows, *held]} <= {-1.0, 0.0, 1.0} and -1.0 in rewards
+    assert train["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    # trained: a group with a spread of rewards (all 3 groups equal: ~1 run in 1000 here)
+    assert train["train/groups_used"] >= 1 and train["train/turns_served"] > 0
+    assert summary["steps"] == 1 and await model.get_step() == 1
+    assert all(r.metrics["correct"] == float(r.reward >= 1) for r in [*rows, *held])
+    evals = [e for e in events if e["event"] == "eval" and e["split"] == "val"]
+    assert [e["step"] for e in evals] == [0, 1]
+    for e, rs in zip(evals, by_step, strict=True):  # each evaluation, from its own rows
+        assert len(rs) == 3 and e["reward_mean"] == pytest.approx(sum(r.reward for r in rs) / 3)
+        assert e["accuracy"] == pytest.approx(sum(r.correct for r in rs) / 3)
+    assert task.correct_rule == "the `correct` metric if set, else reward >= 1"
+    assert all(r.episode[0].content == "You are a calculator." for r in rows)  # as it wrote it
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "rollouts"
@@ -367,10 +563,17 @@ def test_cli_eval_on_the_langgraph_example(tmp_path: Path, monkeypatch) -> None:
     )
 
 
+def scripted_gepa(server: ScriptedServer, **sizes: Any) -> Any:
+    """GEPA's config with a scripted reflector on loopback (its key in SCRIPTED_ROLLOUT_KEY)."""
+    from art_rlvr.gepa.config import GEPAConfig
+
+    reflection = server.role("SCRIPTED_ROLLOUT_KEY")
+    return GEPAConfig(reflection=reflection, report_val_limit=0, traces_per_iteration=2, **sizes)
+
+
 async def test_gepa_evolves_the_prompt_a_rollout_function_receives(tmp_path: Path) -> None:
     """GEPA on a rollout function, reflecting through a scripted reflector on loopback: the
     candidate reaches the function as `context.system_prompt`, and the better one wins."""
-    from art_rlvr.gepa.config import GEPAConfig
     from art_rlvr.gepa.optimizer import optimize_prompt
 
     task = load_task(str(scenario_file(tmp_path, case("prompt_judged"))))
@@ -378,18 +581,46 @@ async def test_gepa_evolves_the_prompt_a_rollout_function_receives(tmp_path: Pat
     reply = Step.reply(f"Here is the improved instruction:\n```\n{better}\n```")
     with pytest.MonkeyPatch.context() as patch, ScriptedServer([], default=reply) as server:
         patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
-        config = GEPAConfig(
-            reflection={"model": "openai/scripted", "api_base": server.base_url,
-                        "api_key_env": "SCRIPTED_ROLLOUT_KEY", "timeout_s": 5.0},
-            max_metric_calls=40, pareto_size=3, traces_per_iteration=2, group_size=2,
-            max_iterations=2, report_val_limit=0,
-        )  # fmt: skip
+        config = scripted_gepa(
+            server, max_metric_calls=40, pareto_size=3, group_size=2, max_iterations=2
+        )
         result = await optimize_prompt(
             offline_model(), task, config=config, run_dir=tmp_path / "gepa"
         )
         asked = server.chat_requests
     assert asked and "wrong: the prompt should say check twice" in json.dumps(asked[0].body)
     assert result.best_prompt == better and result.seed_prompt == "Reply with only the number."
+
+
+async def test_gepa_on_an_unchanged_two_parameter_rollout_reaches_the_server(
+    tmp_path: Path, backend, make_model
+) -> None:
+    """GEPA on ART's own shape (two parameters, a system message of its own) with the embedded
+    model and a scripted reflector on loopback: every candidate reached TorchBackend's server as
+    the system message of the prompt it sampled from (read from the server's own record of
+    what it served), the function's own system message never did, and the reflector saw the
+    episodes as they ran."""
+    from art_rlvr.gepa.optimizer import optimize_prompt
+
+    task = load_task(str(scenario_file(tmp_path, case("game_like"), timeout_s=300)))
+    model = await make_model("rf-gepa")
+    better = "Add the two numbers and reply with the sum only."
+    reply = Step.reply(f"Improved:\n```\n{better}\n```")
+    with pytest.MonkeyPatch.context() as patch, ScriptedServer([], default=reply) as server:
+        patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
+        config = scripted_gepa(
+            server, max_metric_calls=24, pareto_size=2, group_size=1, max_iterations=1,
+            max_tokens=8,
+        )  # fmt: skip
+        result = await optimize_prompt(model, task, config=config, run_dir=tmp_path / "gepa")
+        asked = json.dumps([r.body for r in server.chat_requests])
+    prompts = served_prompts(backend, model)
+    seed = "Reply with only the number."
+    systems = {p.split("<|im_start|>system\n", 1)[1].split("<|im_end|>", 1)[0] for p in prompts}
+    assert result.seed_prompt == seed and systems == {seed, better}
+    assert not any("You are a calculator." in p for p in prompts)
+    assert len(prompts) == result.metric_calls_used
+    assert "What is " in asked  # the episode's user turn, as the function sent it
 
 
 def test_docs_show_the_examples_verbatim() -> None:
@@ -402,8 +633,8 @@ def test_docs_show_the_examples_verbatim() -> None:
 @pytest.mark.parametrize(
     ("function", "mode", "message"),
     [
-        ("always_right", "gepa", "takes (model, record) only; GEPA evolves the system prompt"),
-        ("always_right", "ei", "expert iteration hands a hinted attempt its hint in"),
+        ("always_right", "gepa", "takes (model, record) and there is no seed prompt"),
+        ("always_right", "ei", "takes (model, record) and the scenario has no system_prompt"),
     ],
 )
 def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
@@ -411,7 +642,7 @@ def test_cli_refuses_a_mode_the_function_cannot_serve_before_loading(
 ) -> None:
     from clirun import base_env, cli
 
-    path = scenario_file(tmp_path, case(function))
+    path = scenario_file(tmp_path, case(function), system_prompt=None)
     done = cli([f"scenario={path}", f"mode={mode}", f"run_dir={tmp_path / 'run'}"], base_env())
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "run").exists()  # refused before the run folder exists
@@ -536,3 +767,46 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
         "val_0000.jsonl",
         "val_0001.jsonl",
     }
+
+
+async def test_expert_iteration_hints_an_unchanged_two_parameter_function_through_its_client(
+    tmp_path: Path,
+) -> None:
+    """EI on ART's shape (two parameters, its own system message) with a scripted policy and a
+    scripted teacher on loopback: the clean attempts are sent the scenario's system prompt, the
+    hinted ones the hinted prompt, both in place of the function's own (as the policy server
+    received them), and a correct hinted episode is relabelled to the clean prompt."""
+    from art_rlvr.ei.config import EIConfig
+    from art_rlvr.ei.expert import collect_round
+    from art_rlvr.ei.hints import hinted_system, make_teacher
+    from art_rlvr.ei.relabel import relabel_hinted_episode
+    from art_rlvr.llm import LLMCounters
+
+    task = load_task(str(scenario_file(tmp_path, case("game_like"))))
+    every = " ".join(str(s.x["answer"]) for s in task.splits["train"])  # right for any record
+    hinted = hinted_system(CLEAN, HINT)
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        ScriptedServer([], default=Step.reply(HINT)) as teacher_server,
+        ScriptedServer([Step.reply("no idea")], default=Step.reply(every)) as policy,
+    ):
+        patch.setenv("SCRIPTED_ROLLOUT_KEY", "k")
+        config = EIConfig(
+            scenarios_per_round=1, group_size=1, hinted_samples_per_x=2, max_tokens=8,
+            enable_teacher_hints=True, answer_field="answer",
+            teacher=teacher_server.role("SCRIPTED_ROLLOUT_KEY", max_retries=0),
+        )  # fmt: skip
+        teacher, _ = make_teacher(scripted_policy(policy), config, LLMCounters())
+        output = await collect_round(scripted_policy(policy), task, config, 0, teacher=teacher)
+        systems = [r.body["messages"][0] for r in policy.chat_requests]
+    assert [m["role"] for m in systems] == ["system"] * 3
+    assert [m["content"] for m in systems] == [CLEAN, hinted, hinted]  # clean, then 2 hinted
+    stats = output.buffer.stats
+    assert stats.hints_generated == 1 and stats.hinted_unrelabelled == 0 and stats.recovered == 1
+    (group,) = output.hinted_groups
+    scenario = next(s for s in task.splits["train"] if s.id == group.metadata["scenario_id"])
+    for t in group.trajectories:
+        assert t.reward == 1.0 and turns(t)[0]["content"] == hinted  # recorded as sent
+        relabelled = relabel_hinted_episode(scenario, None, t, HINT)
+        assert relabelled is not None and turns(relabelled)[0]["content"] == CLEAN
+        assert "Marker-K4" not in json.dumps(turns(relabelled))

@@ -1,5 +1,6 @@
-"""Rollout functions for tests/rollouts/test_rollout_functions.py: one good one that really samples from
-the model, and one per way a user's function goes wrong."""
+"""Rollout functions for tests/rollouts/test_rollout_functions.py: good ones that really sample
+from the model (ART's shapes among them: two parameters and a system message of their own,
+rewards such as -100, -1 or 5), and one per way a user's function goes wrong."""
 
 from __future__ import annotations
 
@@ -62,14 +63,6 @@ async def nan_reward(model: art.Model, record: dict[str, Any]) -> art.Trajectory
     return art.Trajectory(reward=float("nan"))
 
 
-async def big_reward(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
-    return art.Trajectory(reward=2.0)
-
-
-async def negative_reward(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
-    return art.Trajectory(reward=-0.5)
-
-
 async def returns_float(model: art.Model, record: dict[str, Any]) -> float:
     return 1.0
 
@@ -80,11 +73,6 @@ async def returns_none(model: art.Model, record: dict[str, Any]) -> None:
 
 async def own_timeout(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
     raise TimeoutError("the agent's own HTTP timeout")
-
-
-async def claims_correct(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
-    """Says it is correct with an impossible reward: the failure wins."""
-    return art.Trajectory(reward=5.0, metrics={"correct": 1.0})
 
 
 def not_async(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
@@ -120,3 +108,88 @@ async def prompt_judged(model: art.Model, record: dict[str, Any], context: Any) 
         "right" if asked else "wrong: the prompt should say check twice"
     )
     return trajectory
+
+
+OWN_SYSTEM = "You are a calculator."
+
+
+async def game_like(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    """ART's 2048 shape, unchanged: two parameters, its own system message, ART's client, the
+    choice kept, a reward in {-1, 0, 1} (-1: a reply without a number, as an illegal move)."""
+    trajectory = art.Trajectory(
+        messages_and_choices=[
+            {"role": "system", "content": OWN_SYSTEM},
+            {"role": "user", "content": f"What is {record['a']} {record['op']} {record['b']}?"},
+        ],
+        reward=0,
+    )
+    response = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(), messages=trajectory.messages(), max_completion_tokens=8
+    )
+    choice = response.choices[0]
+    trajectory.messages_and_choices.append(choice)
+    reply = choice.message.content or ""
+    if str(record["answer"]) in reply:
+        trajectory.reward = 1
+    elif not any(c.isdigit() for c in reply):
+        trajectory.reward = -1
+    return trajectory
+
+
+async def own_client(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    """Two parameters and a client of its own (not `model.openai_client()`): a system prompt
+    the run asks for cannot reach it."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=model.inference_base_url, api_key="k")
+    await client.chat.completions.create(
+        model=model.get_inference_name(),
+        messages=[{"role": "user", "content": f"{record['a']} + {record['b']} ="}],
+        max_tokens=4,
+    )
+    await client.close()
+    return art.Trajectory(reward=1.0)
+
+
+async def minus_hundred(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    """ART's tic-tac-toe penalty for an illegal move."""
+    return art.Trajectory(reward=-100.0)
+
+
+async def five(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    return art.Trajectory(reward=5.0)
+
+
+async def five_marked_wrong(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    return art.Trajectory(reward=5.0, metrics={"correct": 0.0})
+
+
+async def minus_one_marked_right(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    return art.Trajectory(reward=-1.0, metrics={"correct": 1.0})
+
+
+async def inf_reward(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    return art.Trajectory(reward=float("inf"))
+
+
+async def five_or_minus_hundred(model: art.Model, record: dict[str, Any]) -> art.Trajectory:
+    """One request through ART's client: 5 for the right answer, -100 for anything else."""
+    response = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=[{"role": "user", "content": f"What is {record['a']} + {record['b']}?"}],
+        max_tokens=8,
+    )
+    right = str(record["answer"]) in (response.choices[0].message.content or "")
+    return art.Trajectory(reward=5.0 if right else -100.0)
+
+
+async def step_and_validation(model: art.Model, step: int, is_validation: bool) -> art.Trajectory:
+    """ART's 2048 signature: the third parameter is no context."""
+    return art.Trajectory(reward=1.0)
+
+
+async def own_flag(
+    model: art.Model, record: dict[str, Any], verbose: bool = False
+) -> art.Trajectory:
+    """A third parameter of its own with a default: left to it, never handed a context."""
+    return art.Trajectory(reward=float(verbose is False))

@@ -93,8 +93,32 @@ def test_the_three_forms_load_the_same_records(tmp_path: Path, arith) -> None:
     assert all_cli == sorted(s.id for split in arith.splits.values() for s in split)
 
 
+INFINITE = "not supported: taskset 'vf_duel' is infinite (it yields tasks forever)"
 LOAD_ERRORS = [
     ("no_such_taskset_xyz", {}, "taskset 'no_such_taskset_xyz' not found"),
+    ("vf_duel", {"args": {}}, INFINITE),  # no splits: 80/10/10 of forever
+    ("vf_duel", {"args": {}, "splits": {"train": 4, "test": "4:"}}, INFINITE),
+    (
+        "vf_duel",
+        {"args": {}, "splits": {"train": 2}, "agent": {"max_turns": 2}},
+        "not supported: an `agent` section for taskset 'vf_duel', whose Env declares the "
+        "seat(s) player0, player1 (write seats.<seat>)",
+    ),
+    (
+        "vf_duel",
+        {"args": {}, "splits": {"train": 2}, "seats": {"player1": {"model": "gpt-x"}}},
+        "not supported: seats.player1.model (every seat plays the policy being trained",
+    ),
+    (
+        "vf_duel",
+        {"args": {}, "splits": {"train": 2}, "seats": {"player0": {"bogus": 1}}},
+        "player0.bogus: not supported (its config has no such key)",
+    ),
+    (
+        "vf_duel",
+        {"args": {}, "splits": {"train": 2}, "seat": "player2"},
+        "not supported: seat = 'player2'; taskset 'vf_duel' declares player0, player1",
+    ),
     ("vf_no_all", {}, "defines no `__all__`"),
     ("vf_two", {}, "exports 2 Taskset subclasses"),
     ("vf_arith", {"splits": {"train": 20}}, "splits.train asks for tasks 0:20; the taskset has 12"),
@@ -114,7 +138,11 @@ def test_load_errors_are_one_line(ident: str, options: dict, message: str) -> No
     ("body", "line", "message"),
     [
         ('name = "x"\n[verifiers]\nid = "vf_two"\n', 3, "exports 2 Taskset subclasses"),
-        ('name = "x"\n[verifiers]\nid = "vf_arith"\nharnes = "null"\n', 4, "verifiers.harnes"),
+        (
+            'name = "x"\n[verifiers]\nid = "vf_arith"\nharnes = "null"\n',
+            4,
+            "verifiers.harnes: not supported ([verifiers] has no such key)",
+        ),
         ('name = "x"\nuser_template = "{a}"\n[verifiers]\nid = "vf_arith"\n', 2, "user_template"),
     ],
 )
@@ -123,6 +151,58 @@ def test_toml_load_errors_name_the_line(tmp_path: Path, body: str, line: int, me
     with pytest.raises(ScenarioFileError) as error:
         load_any(str(path))
     assert str(error.value).startswith(f"{path}:{line}: ") and message in str(error.value)
+
+
+def test_an_agent_section_and_harness_settings_load_as_verifiers_writes_them(
+    tmp_path: Path,
+) -> None:
+    """`[verifiers.agent]` (verifiers' `[env.agent]`) sets the single-agent env's seat, its
+    harness settings merged with the chosen harness's; the runtime stays a local subprocess."""
+    toml = toml_scenario(
+        tmp_path,
+        'name = "vf"\n[verifiers]\nid = "vf_arith"\nargs = { n = 4 }\n'
+        "splits = { train = 2, val = 1, test = 1 }\n"
+        "[verifiers.agent]\nmax_turns = 3\nsampling = { temperature = 0.5 }\n"
+        "[verifiers.agent.harness]\ntool_timeout_s = 7\n",
+    )
+    task = load_any(str(toml))
+    (runner,) = runners_of(task)
+    agent = runner.env.config.agent
+    assert agent.max_turns == 3 and agent.sampling.temperature == 0.5
+    assert agent.harness.id == "art_rlvr_harness" and agent.harness.tool_timeout_s == 7
+    assert agent.runtime.type == "subprocess" and runner.seat == "agent"
+
+
+DUELS = [  # (what player0 and player1 say to hand #1, the seat that trains, reward, correct)
+    (("It is 1.", "no"), None, 2.0, True),  # player0 (the first seat) wins the stake
+    (("no", "1"), None, -2.0, False),
+    (("1", "1"), None, 0.0, False),
+    (("no", "1"), "player1", 2.0, True),
+]
+
+
+@pytest.mark.parametrize(("said", "seat", "reward", "correct"), DUELS)
+async def test_a_two_seat_infinite_taskset_trains_one_seat_on_its_payoff(
+    closing, said: tuple[str, str], seat: str | None, reward: float, correct: bool
+) -> None:
+    """Seats named `player0`/`player1` (kuhn poker's shape) on an infinite taskset: the splits
+    bound what is read, both seats play the policy, and the trained seat's zero-sum payoff
+    (any real reward, as ART trains) is the trajectory's reward."""
+    task = vf_task(
+        "vf_duel", splits={"train": 3, "val": 2}, shuffle_seed=None,
+        **({"seat": seat} if seat else {}),
+    )  # fmt: skip
+    closing(task)
+    assert [s.x["index"] for s in task.splits["train"]] == [0, 1, 2]
+    assert [len(task.splits[k]) for k in ("train", "val", "test")] == [3, 2, 0]
+    with ScriptedServer([Step.reply(said[0]), Step.reply(said[1])]) as server:
+        t = await rollout(scripted_model(server), task.splits["train"][1], sampling=SHORT)
+        systems = [r.body["messages"][0]["content"] for r in server.chat_requests]
+    assert systems == ["You are player 0.", "You are player 1."]  # both seats played
+    mine = seat or "player0"
+    assert rollout_failure(t) is None and t.reward == reward and t.metadata["vf_seat"] == mine
+    assert t.metrics["correct"] == float(correct) and t.metadata["vf_traces"] == 2
+    assert t.messages()[-1]["content"] == said[int(mine[-1])]
 
 
 def test_verifiers_missing_is_a_clear_error(monkeypatch) -> None:
@@ -227,9 +307,9 @@ async def test_a_raising_rubric_scores_zero_with_its_reason_and_all_failing_is_a
     closing,
 ) -> None:
     """verifiers marks a trace whose reward raised as failed: that episode scores 0, counted,
-    with verifiers' error text as the reason; a reward over 1 (weights summing to 1.5) is
-    refused the way every rollout function's is; when every episode fails the batch is an
-    error with the first cause, never a 0.0."""
+    with verifiers' error text as the reason; a reward over 1 (weights summing to 1.5) trains
+    as it is, as ART trains any real reward; when every episode fails the batch is an error
+    with the first cause, never a 0.0."""
     task = vf_task("vf_raising", splits={"train": 4}, shuffle_seed=None)
     closing(task)
     train = task.splits["train"]  # answers BOOM, fine, over, BOOM
@@ -246,8 +326,8 @@ async def test_a_raising_rubric_scores_zero_with_its_reason_and_all_failing_is_a
     )
     assert boom.reward == 0.0 and boom.metrics["rollout_error"] == 1.0
     assert boom.messages()[-1]["content"] == "ok"  # what was sampled is kept
-    assert "weights: boom 0.5, replied 1, sum 1.5" in rollout_failure(over)
-    assert over.metrics["vf/reward"] == 1.5 and over.reward == 0.0
+    assert rollout_failure(over) is None and over.metrics["correct"] == 1.0
+    assert over.metrics["vf/reward"] == 1.5 and over.reward == 1.5
     assert rollout_failure(fine) is None and fine.reward == 1.0
     assert "replied=1 (weight 1)" in fine.metadata["feedback"]
 
