@@ -169,7 +169,7 @@ def service_problem(name: str, base_model: str | None, timeout_s: float = 10.0) 
         return (
             f"no Tinker service answers at TINKER_BASE_URL={url} ({type(error).__name__}: "
             f"{error}); start the local engine ({start}), or unset TINKER_BASE_URL for "
-            "Thinking Machines' service"
+            "the hosted Tinker service"
         )
     except (ValueError, KeyError, TypeError):
         return f"TINKER_BASE_URL={url} answers, but not as a Tinker service (no model list)"

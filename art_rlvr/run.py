@@ -23,10 +23,14 @@ import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch at import
 os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
+
+
+if TYPE_CHECKING:
+    import art
 
 from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
 from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
@@ -178,7 +182,11 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
 
             policy = external_model(cfg.policy, project=cfg.project)
             if cfg.mode == "gepa":  # the prompt evolves, the external weights stay as they are
-                ctx = RunContext(cfg, task, None, policy, files, started, cpu_started)
+                # GEPA reads the model only through its client and trains nothing: no backend
+                trainee = cast("art.TrainableModel", policy)
+                ctx = RunContext(
+                    cfg, task, cast("art.Backend", None), trainee, files, started, cpu_started
+                )
                 result = await run_phases(ctx)
             else:
                 result = await sampled_eval(

@@ -11,9 +11,9 @@ Run it in the tinker extra's environment (docs/scaling.md):
 The task is the recipe's (`tinker_cookbook.recipes.math_rl.arithmetic_env`): x, y drawn as its
 `ArithmeticDataset` draws them, the few-shot turn, "What is x + y?", reward correct + 0.1 x
 (format - 1). The cookbook side is the recipe's own `rl.train.main` with its dataset builder
-and, for held-out accuracy, its own `RLTestSetEvaluator` over 100 problems drawn the same way
+and, for held-out accuracy, its own `RLTestSetEvaluator` over `--held-out` problems (100) drawn the same way
 from a seed no training batch uses; art_rlvr runs the same conversation and reward through an
-ART rollout function (benchmarks/cookbook_arithmetic/rollout.py) and evaluates the same 100
+ART rollout function (benchmarks/cookbook_arithmetic/rollout.py) and evaluates the same
 problems. Both evaluate by sampling at temperature 1, as the recipe's evaluator does
 (`eval_temperature=1.0` on our side). The two runs of a seed go one after the other on the
 same engine, the order alternating by seed (the recipe draws its batches by index and does not
@@ -40,7 +40,6 @@ ROLLOUT = REPO / "benchmarks" / "cookbook_arithmetic" / "rollout.py"
 MODEL = "embedded:SmolLM2-135M-Instruct"
 RENDERER = "qwen3_instruct"
 HELD_OUT_SEED = 1_000_003  # ArithmeticDataset seeds its rng with the batch index: none is this
-HELD_OUT = 100
 
 
 def draw(seed: int, count: int) -> list[tuple[int, int]]:
@@ -88,7 +87,7 @@ async def cookbook_run(args: argparse.Namespace, log_path: Path, base_url: str) 
             env = partial(arithmetic_env.ArithmeticEnv, convo_prefix=prefix, renderer=renderer)
             return [
                 ProblemGroupBuilder(env_thunk=partial(env, x, y), num_envs=1)
-                for x, y in draw(HELD_OUT_SEED, HELD_OUT)
+                for x, y in draw(HELD_OUT_SEED, args.held_out)
             ]
 
         def __len__(self) -> int:
@@ -100,7 +99,7 @@ async def cookbook_run(args: argparse.Namespace, log_path: Path, base_url: str) 
             batch_size=args.groups_per_batch,
             model_name_for_tokenizer=MODEL,
             renderer_name=RENDERER,
-            n_batches=args.steps,
+            n_batches=args.steps + 1,  # it evaluates before a batch: the last one shows step N
             group_size=args.group_size,
         ),
         model_name=MODEL,
@@ -118,10 +117,15 @@ async def cookbook_run(args: argparse.Namespace, log_path: Path, base_url: str) 
     await main(config)
 
 
-def cookbook_rows(log_path: Path) -> tuple[list[float], dict[int, float]]:
-    """Step seconds and held-out accuracy by step from the recipe's metrics.jsonl."""
+def cookbook_rows(log_path: Path, steps: int) -> tuple[list[float], dict[int, float]]:
+    """Step seconds (the iteration's clock less its evaluation, which the recipe runs inside
+    the iteration before the batch) and held-out accuracy by step, from its metrics.jsonl."""
     rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
-    seconds = [r["time/total"] for r in rows if "time/total" in r and "env/all/correct" in r]
+    seconds = [
+        r["time/total"] - r.get("time/run_evaluations_parallel", 0.0)
+        for r in rows
+        if "time/total" in r and "env/all/correct" in r
+    ][:steps]
     accuracy = {
         int(r["step"]): float(r["test/env/all/correct"])
         for r in rows
@@ -193,13 +197,16 @@ async def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--loss-fn", default="cispo")
     parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--held-out", type=int, default=100, help="held-out problems")
     parser.add_argument(
         "--out", type=Path, default=REPO / "benchmarks" / "results" / "tinker_cookbook_arith"
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     register_embedded_tokenizer(MODEL)
-    scenario = write_scenario(args.out / "scenario", draw(7, 400), draw(HELD_OUT_SEED, HELD_OUT))
+    scenario = write_scenario(
+        args.out / "scenario", draw(7, 400), draw(HELD_OUT_SEED, args.held_out)
+    )
     settings = skyrl.SkyRLSettings(
         port=0, state_dir=args.out / "skyrl-state", sample_max_num_sequences=32
     )
@@ -218,7 +225,7 @@ async def main() -> int:
                 if side == "tinker-cookbook":
                     log_path = args.out / f"cookbook-s{seed}"
                     await cookbook_run(args, log_path, engine.base_url)
-                    seconds, accuracy = cookbook_rows(log_path)
+                    seconds, accuracy = cookbook_rows(log_path, args.steps)
                 else:
                     run_dir = args.out / f"art_rlvr-s{seed}"
                     await asyncio.to_thread(ours_run, args, seed, scenario, run_dir)
@@ -226,6 +233,7 @@ async def main() -> int:
                 results.append({"seed": seed, "side": side, "seconds": seconds, "accuracy": accuracy,
                                 "s_step": statistics.median(seconds)})  # fmt: skip
                 print(f"seed {seed} {side}: {results[-1]}", flush=True)
+                (args.out / "results.json").write_text(json.dumps(results, indent=1))
     for seed in args.seeds:
         pair = [r for r in results if r["seed"] == seed]
         target = min(max(r["accuracy"].values()) for r in pair)
@@ -234,7 +242,7 @@ async def main() -> int:
     settings_line = (
         f"{MODEL} on SkyRL {skyrl.SKYRL_VERSION} (JAX, CPU), {args.steps} steps x "
         f"{args.groups_per_batch} groups x {args.group_size}, lr {args.learning_rate}, LoRA rank "
-        f"{args.lora_rank}, {args.loss_fn}, max_tokens {args.max_tokens}, held-out {HELD_OUT} "
+        f"{args.lora_rank}, {args.loss_fn}, max_tokens {args.max_tokens}, held-out {args.held_out} "
         f"sampled at T=1 every {args.eval_every} steps; {time.monotonic() - started:.0f} s in all"
     )
     report = f"{settings_line}\n\n{table(results)}\n"

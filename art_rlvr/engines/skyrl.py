@@ -35,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -279,6 +280,32 @@ def compat_app(upstream: str) -> Any:
 # --- one running engine ----------------------------------------------------------------------
 
 
+class ProxyThread:
+    """The proxy's uvicorn on a thread and event loop of its own: the tinker SDK blocks its
+    caller's thread while it fetches its client config (`InternalClientHolder`), so a proxy
+    served from the caller's loop would never answer it (tinker-cookbook's `rl.train.main`
+    timed out that way)."""
+
+    def __init__(self, app: Any, port: int) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="skyrl-proxy", daemon=True)
+        self.thread.start()
+
+    async def started(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise EngineError(f"the proxy did not start on {HOST}:{self.server.config.port}")
+            await asyncio.sleep(0.05)
+
+    async def stop(self, timeout_s: float) -> None:
+        self.server.should_exit = True
+        await asyncio.to_thread(self.thread.join, timeout_s)
+
+
 @dataclass
 class RunningEngine:
     """SkyRL's API (and, through it, its engine) in its own process group, and the proxy
@@ -288,8 +315,7 @@ class RunningEngine:
     base_url: str
     log_path: Path
     process: subprocess.Popen[bytes]
-    proxy: Any
-    proxy_task: asyncio.Task[None]
+    proxy: ProxyThread
     lock: Any
     started_s: float = 0.0
     _stopped: bool = field(default=False, repr=False)
@@ -310,10 +336,8 @@ class RunningEngine:
         if self._stopped:
             return
         self._stopped = True
-        self.proxy.should_exit = True
         await stop_group(self.process, timeout_s)
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self.proxy_task, timeout_s)
+        await self.proxy.stop(timeout_s)
         self.lock.release()
 
 
@@ -370,8 +394,6 @@ def take_lock(state: Path) -> Any:
 async def start(settings: SkyRLSettings, *, log: Path | None = None) -> RunningEngine:
     """Sync the engine's environment, start SkyRL's API on a private port and the proxy on
     `settings.port`, and return once the engine has loaded its model."""
-    import uvicorn
-
     started = time.monotonic()
     state = state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
@@ -400,13 +422,10 @@ async def start(settings: SkyRLSettings, *, log: Path | None = None) -> RunningE
         lock.release()
         raise
     upstream = f"http://{HOST}:{command[command.index('--port') + 1]}"
-    config = uvicorn.Config(
-        compat_app(upstream), host=HOST, port=port, log_level="warning", lifespan="off"
-    )
-    proxy = uvicorn.Server(config)
-    proxy_task = asyncio.create_task(proxy.serve())
-    engine = RunningEngine(settings, f"http://{HOST}:{port}", log, process, proxy, proxy_task, lock)
+    proxy = ProxyThread(compat_app(upstream), port)
+    engine = RunningEngine(settings, f"http://{HOST}:{port}", log, process, proxy, lock)
     try:
+        await proxy.started()
         await wait_ready(process, log, settings.start_timeout_s, offset)
     except BaseException:
         await engine.stop()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from filelock import FileLock
 
@@ -142,3 +143,35 @@ def test_a_state_folder_in_use_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         f"error: another SkyRL engine keeps its state in {state}; stop it, or pass --state-dir"
     )
+
+
+async def test_the_proxy_answers_while_its_callers_loop_is_blocked() -> None:
+    """The tinker SDK blocks its caller's thread while it fetches its client config; the proxy
+    serves from a thread of its own, so that call is answered (on the caller's loop it waited
+    for its timeout: tinker-cookbook's `rl.train.main` failed so). Upstream: a scripted SkyRL
+    API on loopback, behind the real proxy; the promise comes back with its sequence ids."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def asample(request: object) -> JSONResponse:
+        return JSONResponse({"request_id": "3", "future_id": "3"})
+
+    upstream = skyrl.ProxyThread(
+        Starlette(routes=[Route(skyrl.SAMPLE_PATH, asample, methods=["POST"])]), skyrl.free_port()
+    )
+    await upstream.started()
+    port = skyrl.free_port()
+    proxy = skyrl.ProxyThread(
+        skyrl.compat_app(f"http://127.0.0.1:{upstream.server.config.port}"), port
+    )
+    try:
+        await proxy.started()
+        answer = httpx.post(  # a blocking call on this loop's thread, as the SDK makes it
+            f"http://127.0.0.1:{port}{skyrl.SAMPLE_PATH}", json={"num_samples": 2}, timeout=10
+        )
+        assert answer.json()["sample_sequence_ids"] == ["3-0", "3-1"]
+    finally:
+        await proxy.stop(10)
+        await upstream.stop(10)
+    assert not proxy.thread.is_alive() and not upstream.thread.is_alive()

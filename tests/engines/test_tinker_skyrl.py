@@ -72,8 +72,7 @@ def tinker_env(engine: skyrl.RunningEngine, **extra: str) -> dict[str, str]:
 async def run(
     engine: skyrl.RunningEngine, words: list[str], **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    """The run in its own process, waited for off the event loop (the engine's proxy serves
-    from this loop)."""
+    """The run in its own process, waited for on a thread (the test's loop stays free)."""
     return await asyncio.to_thread(
         subprocess.run, tinker_command(words), cwd=REPO, env=tinker_env(engine, **extra),
         capture_output=True, text=True, timeout=1800, check=False,
