@@ -33,13 +33,20 @@ from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Base as _Base
 from art_rlvr.backend.adapters import LoraSettings, Trainee
 from art_rlvr.backend.art_options import warn_unknown
-from art_rlvr.backend.chat import render_ids, text_content
+from art_rlvr.backend.chat import longest_token_chars, render_ids, text_content
 from art_rlvr.backend.chat_templates import model_tokenizer
 from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams, TokenEvent
 from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
-from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
+from art_rlvr.backend.server import (
+    ModelNotFound,
+    Route,
+    ServerThread,
+    build_app,
+    new_api_key,
+    prompt_chars_bound,
+)
 from art_rlvr.backend.threads import in_own_thread, in_threads, usable_cores
 from art_rlvr.core import Loss
 
@@ -465,4 +472,5 @@ class TorchBackend:
             decode_token=lambda t: tokenizer.decode([t]),
             served=served,
             policy=policy,
+            max_prompt_chars=prompt_chars_bound(engine.max_context, longest_token_chars(tokenizer)),
         )
