@@ -227,6 +227,9 @@ class RunSummary(BaseModel):
     rounds: int | None = None
     rollouts: int | None = None
     training_tokens: int | None = None
+    # steps booked after a kill whose training metrics (loss, tokens) were lost: not counted
+    # in training_tokens (their metrics lines say `recovered_after_kill`)
+    recovered_steps: list[int] | None = None
     seconds_per_step_median: float | None = None
     alarms: list[dict[str, Any]] = Field(default_factory=list)
     early_stop: dict[str, Any] | None = None

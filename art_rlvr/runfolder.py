@@ -28,6 +28,7 @@ from art_rlvr.records import (
     PromptChangeEvent,
     RecordError,
     RunSummary,
+    TrainEvent,
     parse_event,
 )
 from art_rlvr.runfiles import RunFiles, StateFileError
@@ -222,6 +223,19 @@ class RunFolder(_Frozen):
         return {str(k): v for k, v in found.items() if isinstance(v, int)}
 
 
+def recovered_steps(metrics: list[Event]) -> list[int]:
+    """Steps booked after a kill that lost their training metrics (`recovered_after_kill`)."""
+    return [e.step for e in metrics if isinstance(e, TrainEvent) and e.recovered_after_kill]
+
+
+def lost_metrics_note(steps: list[int]) -> str:
+    which = ", ".join(map(str, steps))
+    return (
+        f"step(s) {which} trained before a kill and were booked on resume without their "
+        "training metrics (loss, token count): the training tokens leave them out"
+    )
+
+
 def read_run_folder(root: Path) -> RunFolder:
     """Read a run folder; `RunFolderError` (one line) if it is missing or not a run."""
     if not root.exists():
@@ -257,6 +271,8 @@ def read_run_folder(root: Path) -> RunFolder:
     parsed_summary = _parsed(RunSummary, summary) if isinstance(summary, dict) else None
     if summary is not None and parsed_summary is None:
         notes.append("summary.json is not a run summary; numbers are taken from metrics.jsonl")
+    if recovered := recovered_steps(metrics):
+        notes.append(lost_metrics_note(recovered))
     return RunFolder(
         root=root,
         config=config if isinstance(config, dict) else {},

@@ -12,20 +12,19 @@ environment is the one-turn case (no tools, no answers, its `[reward]` on the on
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
-import inspect
+import logging
 import random
 import string
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
+from art_rlvr.callbacks import CallbackTimeout, call_within, within
 from art_rlvr.core import CORRECT_THRESHOLD, Episode, correct_rule
 from art_rlvr.environments import Environment, EnvironmentConfigError, make_environment
 from art_rlvr.environments.rollout_fn import (
@@ -46,6 +45,8 @@ from art_rlvr.rewards.base import (
 from art_rlvr.sources import SOURCES, SPLITS, ScenarioFileError
 from art_rlvr.text import did_you_mean
 
+log = logging.getLogger(__name__)
+
 
 def scenarios_dir() -> Path:
     """Built-in definitions: inside the wheel, or the repo's `scenarios/` in a checkout."""
@@ -57,11 +58,28 @@ def builtin_scenarios() -> list[str]:
     return sorted(p.stem for p in scenarios_dir().glob("*.toml"))
 
 
+USER_REWARD_TIMEOUT_S = 30.0
+
+
 class RewardSpec(BaseModel):
+    """`[reward]`: a built-in reward or `module:function`, its params, and how long one call may
+    take (default: 30 s for a user's reward; none for a built-in one, which bounds itself: the
+    code reward by its sandbox's timeout, the math reward by its verifier's)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @property
+    def user(self) -> bool:
+        return ":" in self.name
+
+    @property
+    def limit_s(self) -> float | None:
+        """The timeout a call runs under (None: no limit beyond the reward's own)."""
+        return self.timeout_s or (USER_REWARD_TIMEOUT_S if self.user else None)
 
 
 class EnvironmentSpec(BaseModel):
@@ -216,23 +234,36 @@ class Task:
             tool_choice=spec.tool_choice,
         )
 
-    async def score(self, scenario: Scenario, completion: str) -> Score:
-        """R(x, y). Garbage output scores 0; a reward that raises is a bug and says so. With an
-        environment that scores episodes, `completion` is scored as a one-reply episode."""
-        completion = completion if isinstance(completion, str) else ""
-        result: Score | float | bool | Awaitable[Score | float | bool]
+    def scorer(
+        self, scenario: Scenario, completion: str
+    ) -> tuple[Callable[..., Any], tuple[Any, ...], float | None]:
+        """The reward to call, its arguments and its timeout (None: a built-in reward, which
+        bounds itself)."""
         if self.reward is None:
             assert self.environment is not None and self.environment.reward is not None
             episode = [*self.render(scenario), {"role": "assistant", "content": completion}]
-            result = self.environment.reward(scenario.x, episode)
-        else:
-            result = self.reward(scenario.x, completion)
-        if inspect.isawaitable(result):
-            result = await result
+            limit = self.spec.environment.timeout_s if self.spec.environment else None
+            return self.environment.reward, (scenario.x, episode), limit
+        limit = self.spec.reward.limit_s if self.spec.reward is not None else None
+        return self.reward, (scenario.x, completion), limit
+
+    async def score(self, scenario: Scenario, completion: str) -> Score:
+        """R(x, y), off the event loop (a sync reward in a thread of its own) under the reward's
+        timeout. Garbage output scores 0; a reward that outlives its timeout scores 0 and says
+        so in the log; a reward that raises is a bug and says so. With an environment that
+        scores episodes, `completion` is scored as a one-reply episode."""
+        completion = completion if isinstance(completion, str) else ""
+        fn, args, limit = self.scorer(scenario, completion)
+        what = f"the reward of {self.name}"
+        try:
+            result = await within(fn, args, timeout_s=limit, what=what)
+        except CallbackTimeout as error:
+            log.warning("%s on record %r; scored 0", error, scenario.id)
+            return Score(reward=0.0, feedback=f"{error}; scored 0", metrics={"correct": 0.0})
         try:
             return as_score(result)
         except RewardTypeError as error:
-            raise RewardTypeError(f"the reward of {self.name} {error}") from None
+            raise RewardTypeError(f"{what} {error}") from None
 
 
 def _template_fields(template: str) -> set[str]:
@@ -466,8 +497,14 @@ def reward_problem(task: Task) -> str | None:
     if first is None or task.reward is None:
         return None
     name = task.spec.reward.name if task.spec.reward else "reward"
+    limit = (task.spec.reward.limit_s if task.spec.reward else None) or USER_REWARD_TIMEOUT_S
     try:
-        as_score(_settled(task.reward(first.x, "")))
+        as_score(call_within(task.reward, (first.x, ""), timeout_s=limit, what=f"reward {name!r}"))
+    except CallbackTimeout as error:
+        return (
+            f"{error} on record {first.id!r} with an empty reply (reward.timeout_s); a reward "
+            "must return promptly"
+        )
     except RewardTypeError as error:
         return f"reward {name!r} {error} (tried on record {first.id!r} with an empty reply)"
     except Exception as error:
@@ -476,23 +513,6 @@ def reward_problem(task: Task) -> str | None:
             "an empty reply; a reward scores any reply and never raises"
         )
     return None
-
-
-def _settled(value: Any) -> Any:
-    """`value`, awaited if it is awaitable: in a fresh loop, or in a worker thread when this
-    thread already runs one (a notebook)."""
-    if not inspect.isawaitable(value):
-        return value
-
-    async def wait() -> Any:
-        return await value
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(wait())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, wait()).result()
 
 
 def load_environment(spec: ScenarioSpec, path: Path, text: str) -> Environment | None:

@@ -62,7 +62,7 @@ async def bare_check() -> None:
 
 async def bwrap_bare_check() -> None:
     """bubblewrap's own cost: its namespaces and mounts around the bare program."""
-    launch = bwrap.launch(SandboxLimits())
+    launch = bwrap.launch(SandboxLimits(), None)  # no cgroup: the seccomp gate
     try:
         argv = launch.argv
         await run([*argv[: argv.index("--") + 1], *BARE], launch.pass_fds)

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "leaves",
         {
             "core",
+            "callbacks",
             "records",
             "runfiles",
             "runfolder",

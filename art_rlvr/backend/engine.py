@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import logging
 import queue
 import random
 import threading
@@ -79,6 +80,11 @@ __all__ = [
     "TokenEvent",
     "sample_tokens",
 ]
+
+log = logging.getLogger(__name__)
+
+# how long `close` waits for a running job (a train step on a loaded CPU can take minutes)
+CLOSE_WAIT_S = 600.0
 
 
 class GenerationEngine:
@@ -148,7 +154,8 @@ class GenerationEngine:
                 else:
                     future.set_result(result)
 
-            loop.call_soon_threadsafe(settle)
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                loop.call_soon_threadsafe(settle)
 
         request = await self._submit(prompt_ids, params, n, adapter, done, None)
         try:
@@ -166,7 +173,8 @@ class GenerationEngine:
         items: asyncio.Queue[TokenEvent | list[Completion] | BaseException] = asyncio.Queue()
 
         def push(item: TokenEvent | list[Completion] | BaseException) -> None:
-            loop.call_soon_threadsafe(items.put_nowait, item)
+            with contextlib.suppress(RuntimeError):  # the reader's loop has closed
+                loop.call_soon_threadsafe(items.put_nowait, item)
 
         request = await self._submit(prompt_ids, params, n, adapter, push, push)
         try:
@@ -237,10 +245,17 @@ class GenerationEngine:
             job.cancelled = True
             raise
 
-    def close(self) -> None:
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the engine: requests fail, a job already running (a train step) finishes
+        first; waits up to `wait_s` for its thread, which must not be in torch when the
+        interpreter exits (a process can abort then: exit 134)."""
         self._closed = True
         self._queue.put(None)
-        self._thread.join(timeout=30)
+        deadline = time.monotonic() + wait_s
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            self._thread.join(timeout=min(left, 30))
+            if self._thread.is_alive():
+                log.warning("engine close: waiting for the job it runs (%.0f s left)", left)
         if not self._thread.is_alive():  # whatever was queued after the worker stopped
             while True:
                 try:

@@ -19,18 +19,27 @@ budget finishes with "length" (a call it cut short stays in the content as text)
 
 Every completion returned is recorded in the route's `ServedLog` (backend/served.py), so that
 the trainer can train the exact ids even when the client kept only the text.
+
+One request cannot stall the others: a body over the size limit is a 413 before it is read
+(or as soon as it passes the limit, without a Content-Length), a body that does not arrive
+within `body_timeout_s` a 408; parsing and chat rendering run on a thread of the app's own
+(`Renderer`), never on the event loop, and a prompt longer than the context could hold is a
+400 before it is tokenized. A client gone mid-request is one log line. Connections are bounded
+in `http_limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,6 +48,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from art_rlvr.backend.chat import parse_tool_calls, scan
 from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
@@ -49,7 +59,10 @@ from art_rlvr.backend.engine import (
     SamplingParams,
     TokenEvent,
 )
+from art_rlvr.backend.http_limits import ConnectionLimits, guarded_protocol, quiet_accept_errors
 from art_rlvr.backend.served import ServedLog
+
+log = logging.getLogger(__name__)
 
 
 class ModelNotFound(LookupError):
@@ -72,6 +85,47 @@ class Route:
     decode_token: Callable[[int], str]
     served: ServedLog | None = None  # where what this route returns is recorded
     policy: str | None = None  # "name@step" of the exact adapter serving (None: a base model)
+    # more characters of text than this cannot fit the context (`prompt_chars_bound`)
+    max_prompt_chars: int | None = None
+
+
+def prompt_chars_bound(max_context: int, longest_token_chars: int) -> int:
+    """Characters of message text beyond which no rendering fits `max_context` tokens: a
+    token stands for at most `longest_token_chars` characters of the text (a byte-level BPE
+    vocabulary spells each byte as one character, and text has no fewer bytes than
+    characters)."""
+    return max_context * max(longest_token_chars, 1)
+
+
+def text_chars(req: ChatRequest) -> int:
+    """Characters of text in the request's messages and tools (a lower bound of what the
+    prompt spells out)."""
+    total = 0
+    for message in req.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    return total
+
+
+class BodyTooLarge(Exception):
+    """The body passed the size limit while it was read."""
+
+
+class Renderer:
+    """The app's own thread for parsing and rendering requests (one: the tokenizer is not
+    meant to be used by several threads at once, and the event loop never waits on it)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="art-rlvr-render")
+
+    async def run[T](self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def policy_spans(policy: str | None, prompt_len: int, completion_len: int) -> dict[str, Any]:
@@ -94,6 +148,29 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, read as it comes: BodyTooLarge past `limit` bytes, TimeoutError past
+    `timeout_s`, ClientDisconnect when the client goes."""
+    body = bytearray()
+    async with asyncio.timeout(timeout_s):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise BodyTooLarge
+    return bytes(body)
+
+
+def parse_request(body: bytes) -> ChatRequest | str:
+    """The request, or a one-line reason it is not one (run on the renderer's thread)."""
+    try:
+        return ChatRequest.model_validate_json(body)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message
+
+
 def build_app(
     *,
     resolve: Callable[[str], Route],
@@ -101,8 +178,12 @@ def build_app(
     api_key: str,
     default_max_tokens: int = 256,
     max_request_bytes: int = MAX_REQUEST_BYTES,
+    limits: ConnectionLimits | None = None,
 ) -> FastAPI:
+    """The app; `app.state.renderer` is its thread, closed with `close_app`."""
     app = FastAPI(title="art_rlvr TorchBackend", docs_url=None, redoc_url=None)
+    renderer = app.state.renderer = Renderer()
+    body_timeout_s = (limits or ConnectionLimits()).body_timeout_s
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -126,20 +207,28 @@ def build_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
-        body = await request.body()
-        if len(body) > max_request_bytes:
-            return _error(413, f"request body over {max_request_bytes} bytes")
         try:
-            req = ChatRequest.model_validate_json(body)
-        except ValidationError as error:
-            problem = error.errors()[0]
-            where = ".".join(str(p) for p in problem["loc"])
-            message = problem["msg"].removeprefix("Value error, ")
-            return _error(400, f"{where}: {message}" if where else message)
+            body = await read_body(request, max_request_bytes, body_timeout_s)
+        except BodyTooLarge:
+            return _error(413, f"request body over {max_request_bytes} bytes")
+        except TimeoutError:
+            return _error(408, f"the request body did not arrive within {body_timeout_s:g} s")
+        except ClientDisconnect:
+            log.info("a client went away while sending a request: dropped it")
+            return _error(499, "client closed the request")
+        req = await renderer.run(parse_request, body)
+        if isinstance(req, str):
+            return _error(400, req)
         try:
             route = resolve(req.model)
-            prompt_ids = route.render(
-                req.messages, req.tool_dicts(), req.chat_template_kwargs or {}
+            chars = text_chars(req)
+            if route.max_prompt_chars is not None and chars > route.max_prompt_chars:
+                raise ContextLengthError(
+                    f"the messages hold {chars} characters, more than any prompt of the "
+                    f"context length can spell out ({route.max_prompt_chars})"
+                )
+            prompt_ids = await renderer.run(
+                route.render, req.messages, req.tool_dicts(), req.chat_template_kwargs or {}
             )
             sampling = req.sampling(default_max_tokens)
             if req.stream:
@@ -412,22 +501,49 @@ connection just as the server closed it and see `ReadError` on a busy machine; l
 common clients' expiry (httpx 5 s, aiohttp 15 s), the client always retires it first."""
 
 
+def server_config(app: FastAPI, limits: ConnectionLimits | None = None) -> uvicorn.Config:
+    """uvicorn's settings for our apps: the guarded h11 protocol, keep-alive, a bounded
+    graceful shutdown (in-flight requests get `graceful_shutdown_s`, then they are cut)."""
+    limits = limits or ConnectionLimits()
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        http=guarded_protocol(limits),
+        timeout_keep_alive=IDLE_CONNECTION_SECONDS,
+        timeout_graceful_shutdown=limits.graceful_shutdown_s,
+        backlog=limits.backlog,
+    )
+
+
+async def serve(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+    """`server.serve`, with accept() failures logged as one line a second."""
+    quiet_accept_errors(asyncio.get_running_loop())
+    await server.serve(sockets=sockets)
+
+
+def close_app(app: FastAPI) -> None:
+    """Stop the app's renderer thread (after its server has stopped)."""
+    app.state.renderer.close()
+
+
 class ServerThread:
     """Runs uvicorn on 127.0.0.1 (ephemeral port) in a daemon thread with its own loop."""
 
-    def __init__(self, app: FastAPI, *, host: Literal["127.0.0.1"] = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        *,
+        host: Literal["127.0.0.1"] = "127.0.0.1",
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         self.host, self.port = self._socket.getsockname()
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_keep_alive=IDLE_CONNECTION_SECONDS,
-        )
-        self._server = uvicorn.Server(config)
+        self._app = app
+        self._server = uvicorn.Server(server_config(app, limits))
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="art-rlvr-server", daemon=True)
         self._thread.start()
@@ -438,27 +554,34 @@ class ServerThread:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def open_connections(self) -> int:
+        """Connections the server holds now (for tests and benchmarks)."""
+        return len(self._server.server_state.connections)
+
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
 
-        async def serve() -> None:
-            task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        async def run() -> None:
+            task = asyncio.create_task(serve(self._server, [self._socket]))
             while not self._server.started and not task.done():
                 await asyncio.sleep(0.01)
             self._ready.set()
             await task
 
         try:
-            loop.run_until_complete(serve())
+            loop.run_until_complete(run())
         finally:
             self._ready.set()
+            loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=15)
         self._socket.close()
+        close_app(self._app)
 
 
 def new_api_key() -> str:

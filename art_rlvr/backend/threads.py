@@ -20,15 +20,24 @@ checks the engine's tokens and logprobs at 1 and 2 threads too).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["ThreadTuner", "in_own_thread", "in_threads", "set_threads", "usable_cores"]
+__all__ = [
+    "OwnThreads",
+    "ThreadTuner",
+    "in_own_thread",
+    "in_threads",
+    "set_threads",
+    "usable_cores",
+]
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +153,11 @@ def in_threads[T](threads: int, work: Callable[..., T], *args: object) -> T:
     return work(*args)
 
 
-async def in_own_thread[T](work: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """`work(*args, **kwargs)` on a thread that ends with it, for torch work outside the engine.
+class OwnThreads:
+    """Threads that end with their work (`run`), remembered until they end so that a backend's
+    `close` can wait for them (`join`): one still in torch when the interpreter exits (its
+    caller cancelled, say) runs while C++ tears down, and the process can abort (`terminate
+    called without an active exception`, exit 134).
 
     libgomp gives every thread that runs a parallel region a pool of worker threads for that
     thread's lifetime, and while a process holds more of them than it has cores it cuts every
@@ -153,24 +165,58 @@ async def in_own_thread[T](work: Callable[..., T], *args: object, **kwargs: obje
     long-lived pool threads each kept a pool, so a run was always throttled: a decode step at
     36 rows took 1.6x its unthrottled time (`docs/results.md`, 2026-11-25 12:00). A thread
     that ends frees its pool."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():  # the caller was cancelled; the work still ran to its end
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
+    def __init__(self) -> None:
+        self._alive: set[threading.Thread] = set()
+        self._lock = threading.Lock()
 
-    def body() -> None:
-        try:
-            result = work(*args, **kwargs)
-        except BaseException as error:  # handed to the awaiting caller
-            loop.call_soon_threadsafe(settle, None, error)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+    async def run[T](self, work: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """`work(*args, **kwargs)` on a thread of its own; a caller cancelled while it runs
+        leaves it to finish (it is then ignored, even once the caller's loop has closed)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
 
-    threading.Thread(target=body, name="art-rlvr-torch", daemon=True).start()
-    return await future
+        def settle(result: T | None, error: BaseException | None) -> None:
+            if future.done():  # the caller was cancelled; the work still ran to its end
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)  # type: ignore[arg-type]
+
+        def body() -> None:
+            try:
+                result, error = work(*args, **kwargs), None
+            except BaseException as caught:  # handed to the awaiting caller
+                result, error = None, caught
+            finally:
+                with self._lock:
+                    self._alive.discard(threading.current_thread())
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                loop.call_soon_threadsafe(settle, result, error)
+
+        thread = threading.Thread(target=body, name="art-rlvr-torch", daemon=True)
+        with self._lock:
+            self._alive.add(thread)
+        thread.start()
+        return await future
+
+    @property
+    def alive(self) -> int:
+        with self._lock:
+            return len(self._alive)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` in all for the threads still running; True if none is."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads = list(self._alive)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return self.alive == 0
+
+
+async def in_own_thread[T](work: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """`work(*args, **kwargs)` on a thread that ends with it, not waited for at close (see
+    `OwnThreads`, which a backend keeps for its own)."""
+    return await OwnThreads().run(work, *args, **kwargs)

@@ -33,19 +33,28 @@ from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Base as _Base
 from art_rlvr.backend.adapters import LoraSettings, Trainee
 from art_rlvr.backend.art_options import warn_unknown
-from art_rlvr.backend.chat import render_ids, text_content
+from art_rlvr.backend.chat import longest_token_chars, render_ids, text_content
 from art_rlvr.backend.chat_templates import model_tokenizer
 from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams, TokenEvent
 from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
 from art_rlvr.backend.served import ServedLog
-from art_rlvr.backend.server import ModelNotFound, Route, ServerThread, build_app, new_api_key
-from art_rlvr.backend.threads import in_own_thread, in_threads, usable_cores
+from art_rlvr.backend.server import (
+    ModelNotFound,
+    Route,
+    ServerThread,
+    build_app,
+    new_api_key,
+    prompt_chars_bound,
+)
+from art_rlvr.backend.threads import OwnThreads, in_threads, usable_cores
 from art_rlvr.core import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 120.0  # for torch threads that cancelled callers left running (model loads)
 
 
 SERVING = ServingCapabilities(
@@ -102,6 +111,8 @@ class TorchBackend:
         self._trainees: dict[str, Trainee] = {}
         self._api_key = new_api_key()
         self._server: ServerThread | None = None
+        # torch work before an engine exists; `close` waits for what a cancelled caller left
+        self._own = OwnThreads()
         self._registry_lock = asyncio.Lock()
         # OpenMP threads spin while our cores are ours, and stop while others want them
         self._spin = spin.acquire() if self.device.type == "cpu" else None
@@ -123,14 +134,14 @@ class TorchBackend:
             base_name = model.base_model or DEFAULT_BASE_MODEL
             base = self._bases.get(base_name)
             if base is None:
-                base = await in_own_thread(A.load_base, base_name, self.device, self.dtype)
+                base = await self._own.run(A.load_base, base_name, self.device, self.dtype)
                 self._bases[base_name] = base
             tokenizer = model_tokenizer(base.tokenizer, model, base_name)  # its chat template
             trainee = self._trainees.get(model.name)
             if trainee is not None:  # the same name registered again (a re-run notebook cell)
                 trainee.model, trainee.tokenizer = model, tokenizer
                 return
-            trainee = await in_own_thread(
+            trainee = await self._own.run(
                 A.attach,
                 model,
                 base,
@@ -206,6 +217,11 @@ class TorchBackend:
             if base.engine is not None:
                 await asyncio.to_thread(base.engine.close)
                 base.engine = None
+        # no thread of ours may still be in torch when the interpreter exits (exit 134)
+        if not await asyncio.to_thread(self._own.join, CLOSE_WAIT_S):
+            log.warning(
+                "close: %d torch threads still running after %g s", self._own.alive, CLOSE_WAIT_S
+            )
         if self._server is not None:
             await asyncio.to_thread(self._server.stop)
             self._server = None
@@ -383,7 +399,7 @@ class TorchBackend:
         wait (see `engine`). Before the engine exists, on a thread of its own."""
         if base.engine is not None:
             return await base.engine.run(work, *args, threads=self.threads)
-        return await in_own_thread(in_threads, self.threads, work, *args)
+        return await self._own.run(in_threads, self.threads, work, *args)
 
     def _disk_step(self, model: art.Model) -> int:
         model_dir = Path(self._path) / model.project / "models" / model._storage_name()
@@ -447,13 +463,13 @@ class TorchBackend:
             return render_ids(tokenizer, messages, tools, **kwargs)
 
         async def generate(prompt: list[int], params: SamplingParams, n: int) -> list[Completion]:
-            adapter = await in_own_thread(adapter_for)
+            adapter = await self._own.run(adapter_for)
             return await engine.generate(prompt, params, n=n, adapter=adapter)
 
         async def stream(
             prompt: list[int], params: SamplingParams, n: int
         ) -> AsyncGenerator[TokenEvent | list[Completion], None]:
-            adapter = await in_own_thread(adapter_for)
+            adapter = await self._own.run(adapter_for)
             async for item in engine.stream(prompt, params, n=n, adapter=adapter):
                 yield item
 
@@ -465,4 +481,5 @@ class TorchBackend:
             decode_token=lambda t: tokenizer.decode([t]),
             served=served,
             policy=policy,
+            max_prompt_chars=prompt_chars_bound(engine.max_context, longest_token_chars(tokenizer)),
         )

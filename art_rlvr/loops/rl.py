@@ -58,6 +58,8 @@ class TrainState(StateModel):
     evals: dict[str, float] = Field(default_factory=dict)
     pending: PendingBatch | None = None
     tokens_trained: int = 0
+    # steps booked after a kill that lost their training metrics (`tokens_trained` lacks them)
+    recovered_steps: list[int] = Field(default_factory=list)
     rollouts: int = 0
     step_seconds: list[float] = Field(default_factory=list)
     train_rewards: dict[str, float] = Field(default_factory=dict)  # step -> batch reward mean
@@ -262,6 +264,8 @@ def record_step[S: TrainState](
         update={
             "pending": None,
             "tokens_trained": state.tokens_trained + trained_tokens(train_metrics),
+            "recovered_steps": state.recovered_steps
+            + ([step] if stats.get("recovered_after_kill") else []),
             "rollouts": state.rollouts + int(stats.get("trajectories", 0)),
             "step_seconds": [*state.step_seconds, round(seconds, 3)],
             "train_rewards": {**state.train_rewards, str(step): stats.get("reward_mean", 0.0)},
@@ -331,12 +335,14 @@ def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
 
 
 def spend(state: TrainState) -> dict[str, Any]:
-    """What the training so far cost, for summary.json."""
+    """What the training so far cost, for summary.json; steps whose training metrics a kill
+    lost are named, since `training_tokens` cannot count them."""
     seconds = state.step_seconds
     return {
         "rollouts": state.rollouts,
         "training_tokens": state.tokens_trained,
         "seconds_per_step_median": statistics.median(seconds) if seconds else None,
+        **({"recovered_steps": state.recovered_steps} if state.recovered_steps else {}),
     }
 
 

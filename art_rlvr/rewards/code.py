@@ -1,9 +1,10 @@
 """Code rewards: run the completion against the task's tests in a throwaway sandbox.
 
 This module turns a completion into a program (the fenced code, joined with the prompt's
-imports and signature), splits the tests into units, and turns the sandbox's reports into a
+imports and signature), splits the tests into units, and turns the judge's reports into a
 score and one line of feedback. The sandbox itself (namespaces, limits, the launcher) is in
-`art_rlvr.rewards.sandbox`.
+`art_rlvr.rewards.sandbox`: the program runs in one process, the tests in another that calls
+its functions with plain data and compares what comes back, so the program cannot forge a pass.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from art_rlvr.rewards.sandbox import (
     RunResult,
     SandboxChoice,
     SandboxLimits,
+    Tests,
     choose_sandbox,
     run_sandboxed,
     sandbox_unavailable_reason,
@@ -150,6 +152,18 @@ def describe(
         return passed, "output_limit", f"output limit exceeded ({progress} before it was stopped)"
     if result.timed_out or result.exit_code in (124, 128 + signal.SIGXCPU):
         return passed, "timeout", f"timeout ({progress} before it was stopped)"
+    if result.oom_kills:
+        return (
+            passed,
+            "memory",
+            (
+                "memory limit: the kernel killed a process of the solution for the run's memory "
+                f"limit ({progress})"
+            ),
+        )
+    gone = next((r for r in (early, first_fail) if r and r.get("failure") == "exited"), None)
+    if gone is not None:
+        return passed, "crashed", _ended(reports, progress, result)
     if early is not None:
         kind = str(early["kind"])
         label = {
@@ -176,9 +190,30 @@ def describe(
     last = [line.strip() for line in result.stderr_tail.splitlines() if line.strip()]
     said = f"; stderr: {_shorten(last[-1])}" if last else ""
     if code is not None and code > 128:
-        name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else code
-        return passed, "crashed", f"crashed: killed by {name} ({progress}){said}"
+        return (
+            passed,
+            "crashed",
+            f"crashed: killed by {_signal_name(code - 128)} ({progress}){said}",
+        )
     return passed, "crashed", f"exited before the tests finished (exit {code}; {progress}){said}"
+
+
+def _signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.valid_signals() else str(number)
+
+
+def _ended(reports: list[dict], progress: str, result: RunResult) -> str:
+    """Feedback for a solution's process that ended before the tests did."""
+    status = next((r.get("status") for r in reports if r.get("kind") == "solution_exit"), None)
+    last = [line.strip() for line in result.stderr_tail.splitlines() if line.strip()]
+    said = f"; output: {_shorten(last[-1])}" if last else ""
+    if isinstance(status, int) and os.WIFSIGNALED(status):
+        name = _signal_name(os.WTERMSIG(status))
+        return f"crashed: the solution's process was killed by {name} ({progress}){said}"
+    code = os.WEXITSTATUS(status) if isinstance(status, int) else "?"
+    return (
+        f"exited before the tests finished (the solution's process exited {code}; {progress}){said}"
+    )
 
 
 def _shorten(text: str, limit: int = 160) -> str:
@@ -211,11 +246,11 @@ class CodeReward(BaseModel):
         if len(y) > _MAX_COMPLETION_CHARS:
             return _zero("answer too long to run", "no_code", len(units))
         code = extract_code(y.replace("\x00", ""), entry)
-        program = build_program(str(x.get(self.prompt_field, "")), code, entry)
+        prompt = str(x.get(self.prompt_field, ""))
+        program = build_program(prompt, code, entry)
+        tests = Tests(support=prompt, test=test, units=list(units), entry_point=entry)
         async with _limiter(self.concurrency):
-            result = await run_sandboxed(
-                program, test, list(units), entry, self.limits, choose_sandbox(self.sandbox)
-            )
+            result = await run_sandboxed(program, tests, self.limits, choose_sandbox(self.sandbox))
         passed, kind, feedback = describe(result, units, self.show_failed_test)
         total = max(len(units), 1)
         correct = kind == "passed"

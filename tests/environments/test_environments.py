@@ -250,6 +250,7 @@ def test_calc_offers_the_tool_it_is_configured_with(params: dict, name: str) -> 
 # ---- environments that fail, hang or run away ------------------------------------------------
 
 FAULTY = """
+import asyncio
 import time
 from art_rlvr.environments import Environment, Reply
 from art_rlvr.rewards import Score
@@ -266,14 +267,25 @@ def make(mode: str, reward: str = "ok") -> Environment:
             return Reply.say("again")
         return Reply(done=True)
 
+    async def respond_async(x, episode):
+        await asyncio.sleep(10**6)
+
     def score(x, episode):
         if reward == "raise":
             raise KeyError("no such field")
         if reward == "garbage":
             return "full marks"
+        if reward == "hang":
+            time.sleep(5)
         return Score(reward=1.0, feedback="fine")
 
-    return Environment(respond=respond, reward=score)
+    async def score_async(x, episode):
+        await asyncio.sleep(10**6)
+
+    return Environment(
+        respond=respond_async if mode == "async_hang" else respond,
+        reward=score_async if reward == "async_hang" else score,
+    )
 """
 
 HEAD = """name = "t"
@@ -316,6 +328,7 @@ async def run_faulty(
     [
         ("raise", "environment raised RuntimeError: the board caught fire"),
         ("hang", "environment timed out after 0.3 s"),
+        ("async_hang", "environment timed out after 0.3 s"),
         ("garbage", "an environment returns Reply, str or None, not int"),
     ],
 )
@@ -335,6 +348,8 @@ async def test_a_failing_environment_ends_the_episode_with_zero(
     [
         ("raise", "reward raised KeyError"),
         ("garbage", "reward returned str; a reward returns a Score"),
+        ("hang", "reward timed out after 0.3 s"),
+        ("async_hang", "reward timed out after 0.3 s"),
     ],
 )
 async def test_a_failing_reward_scores_zero(faulty_dir, monkeypatch, reward, reason) -> None:

@@ -26,6 +26,7 @@ from art_rlvr.outcome import feedback_of
 from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
 from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
+from art_rlvr.runfolder import read_run_folder
 from art_rlvr.scenario import Scenario
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -208,7 +209,8 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     trained = {k.removeprefix("train/"): v for k, v in train.items() if k.startswith("train/")}
     if metrics_saved:
         pending |= {"landed_step": 1, "train_metrics": trained, "seconds": 1.0}
-    state |= {"pending": pending, "rollouts": 0, "step_seconds": [], "train_rewards": {}}
+    state |= {"pending": pending, "rollouts": 0, "step_seconds": [], "train_rewards": {},
+              "tokens_trained": 0}  # fmt: skip
     (tmp_path / "state.json").write_text(json.dumps(state))
 
     files = RunFiles(tmp_path)  # the restarted process reads the rewound folder afresh
@@ -227,6 +229,11 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     assert await model.get_step() == 1 and again["steps"] == first["steps"] == 1
     assert again["rollouts"] == first["rollouts"] == 4
     assert json.loads((tmp_path / "state.json").read_text())["pending"] is None
+    # the loss is said beyond metrics.jsonl: in summary.json and the report (finding 7 of the
+    # probe of e6a4417: training_tokens 2517 instead of 3147, and nothing said so)
+    assert again.get("recovered_steps") == (None if metrics_saved else [1])
+    notes = [n for n in read_run_folder(tmp_path).notes if "without their training metrics" in n]
+    assert len(notes) == (0 if metrics_saved else 1)
 
 
 # ---- an evaluation in which every rollout errored --------------------------------------

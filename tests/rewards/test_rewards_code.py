@@ -294,6 +294,8 @@ async def observe_hostile(
         "seconds": seconds,
         "timeout_s": reward.limits.timeout_s,
         "max_processes": reward.limits.max_processes,
+        # the harness's processes of the same uid: the judge; in bwrap also its init and ours
+        "harness": 1 if choose_sandbox(sandbox) == "root" else 3,
         "during": during,
         "reached": reached,
         "leftovers": await settled(leftover),
@@ -307,8 +309,8 @@ def assert_contained(name: str, seen: dict, home: Path, outside: Path) -> None:
     assert fragment in seen["feedback"], seen["feedback"]
     assert "sk-fake" not in seen["feedback"]
     assert seen["seconds"] < seen["timeout_s"] + 3
-    if name == "fork bomb":  # RLIMIT_NPROC holds inside the sandbox
-        assert 0 < seen["during"] <= seen["max_processes"]
+    if name == "fork bomb":  # the solution's processes, and the harness's of the same uid
+        assert 0 < seen["during"] <= seen["max_processes"] + seen["harness"]
     assert not home.exists() and not outside.exists()
     assert not Path("/var/tmp/art-rlvr-escape").exists()
     assert seen["leftovers"] == []

@@ -34,8 +34,9 @@ from test_rewards_code import (
 )
 
 from art_rlvr.rewards.base import RewardConfigError
-from art_rlvr.rewards.code import code
+from art_rlvr.rewards.code import CodeReward, code
 from art_rlvr.rewards.sandbox import bwrap, choose_sandbox, sandbox_problem
+from art_rlvr.testing.bombs import BOMBS, TASK, held, measurable
 
 HERE = Path(__file__).resolve()
 TOOLS = ("useradd", "userdel", "mount")
@@ -136,18 +137,21 @@ def drop_to(name: str, userns: bool, args: list[str]) -> None:
     os.execv(command[0], command)
 
 
-def run_as(
-    account: pwd.struct_passwd, args: list[str], timeout: float, userns: bool = True
-) -> dict:
-    env = {
+def user_env(account: pwd.struct_passwd) -> dict[str, str]:
+    return {
         "PATH": "/usr/bin:/bin",
         "HOME": account.pw_dir,
         "LANG": "C.UTF-8",
         "OPENAI_API_KEY": f"sk-fake-artrlvr-{secrets.token_hex(8)}",
     }
+
+
+def run_as(
+    account: pwd.struct_passwd, args: list[str], timeout: float, userns: bool = True
+) -> dict:
     done = subprocess.run(
         [sys.executable, str(HERE), "drop", account.pw_name, str(userns), *args],
-        env=env,
+        env=user_env(account),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -204,6 +208,14 @@ async def child_humaneval(indices: list[str]) -> dict:
     }
 
 
+BOMB_LIMITS = {"memory_mb": 128, "max_processes": 8, "timeout_s": 2.0}
+
+
+async def child_bomb(name: str) -> dict:
+    score = await CodeReward(limits=BOMB_LIMITS)(TASK, BOMBS[name])
+    return {"reward": score.reward, "feedback": score.feedback}
+
+
 def child_no_sandbox() -> dict:
     try:
         code()
@@ -218,6 +230,8 @@ def child(what: str, args: list[str]) -> None:
         seen = asyncio.run(child_hostile(args[0], args[1], args[2:]))
     elif what == "humaneval":
         seen = asyncio.run(child_humaneval(args))
+    elif what == "bomb":
+        seen = asyncio.run(child_bomb(args[0]))
     else:
         seen = child_no_sandbox()
     print(json.dumps(seen))
@@ -261,6 +275,43 @@ def test_humaneval_canonical_solutions_all_pass_unprivileged(user: pwd.struct_pa
     assert seen["scored"] == 164 and seen["failed"] == {}
     assert seen["leftovers"] == []
     print(f"\n164 HumanEval canonical solutions as a user: {seen['seconds']:.1f} s")
+
+
+def bomb_held(account: pwd.struct_passwd, bomb: str) -> tuple[float, int, dict]:
+    """(MB, tasks) scoring one bomb as the user peaked at, measured from outside; the score."""
+    command = [sys.executable, str(HERE), "drop", account.pw_name, "True", "bomb", bomb]
+    result = held(command, cap_mb=1536, max_tasks=1000, env=user_env(account))
+    assert result.returncode == 0 and result.oom_kills == 0, result.stderr[-2000:]
+    return result.peak_mb, result.peak_tasks, json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def trivial_peak(user: pwd.struct_passwd) -> tuple[float, int, dict]:
+    return bomb_held(user, "trivial")
+
+
+FALLBACK = [  # without cgroups: per process, and no shared memory at all
+    ("fork_memory", BOMB_LIMITS["max_processes"] * BOMB_LIMITS["memory_mb"]),
+    ("sysv_shm", 32),
+    ("memfd", 32),
+    ("fork_memfd", 32),
+    ("fork_bomb", 32),
+]
+
+
+@pytest.mark.skipif(measurable() is not None, reason=str(measurable()))
+@pytest.mark.parametrize(("bomb", "most_mb"), FALLBACK)
+def test_the_fallback_bounds_bombs_as_a_user(
+    user: pwd.struct_passwd, trivial_peak: tuple[float, int, dict], bomb: str, most_mb: int
+) -> None:
+    """As a user no cgroup can be made: memory_mb bounds each process, max_processes their
+    number, and SysV shared memory and memfd are refused. Before (main e6a4417) a detached
+    SysV segment or an unmapped memfd file reached the measuring cgroup's cap here."""
+    mb, tasks, score = bomb_held(user, bomb)
+    mb, tasks = mb - trivial_peak[0], tasks - trivial_peak[1]
+    assert mb <= most_mb, (mb, score)
+    assert tasks <= BOMB_LIMITS["max_processes"] + 3, (tasks, score)  # + bwrap's init, ours
+    assert score["reward"] == 0.0
 
 
 def test_without_user_namespaces_the_reward_says_why(user: pwd.struct_passwd) -> None:

@@ -3,7 +3,12 @@
 Model-written code is hostile by default. Each run happens in a fresh process tree that:
 
 - lives in new mount, PID, network, IPC and UTS namespaces (so: no network at all, it sees only
-  its own processes, and everything in it dies when its init process exits);
+  its own processes, its SysV shared memory dies with it, and everything in it dies when its
+  init process exits);
+- is bounded in total by a cgroup of its own where one can be made (`cgroups.py`: memory,
+  shared memory and memfd included, and the number of processes, whoever owns them); elsewhere
+  per process (RLIMIT_AS) with shared memory and memfd refused (`seccomp.py`), said once in the
+  log;
 - has a read-only root holding only /usr, the Python install and four /dev nodes, with a
   writable, size-limited tmpfs at /tmp/work (the host's home, /tmp, /work... are absent);
 - runs unprivileged with no_new_privs and resource limits (address space, CPU seconds, process
@@ -14,8 +19,11 @@ Two ways to build it, picked by `choose_sandbox`: as root the launcher (`launche
 path) builds the namespaces itself and drops to a throwaway uid (`root.py`); as any other user
 bubblewrap builds them in a user namespace (`bwrap.py`) and the same launcher runs inside.
 
-Threat model: damage is contained; a program that deliberately forges the harness's reports
-from inside its own process could still fake a pass (the per-run nonce makes that take intent).
+Threat model: damage is contained, and a pass cannot be forged from inside the program's
+process: the tests run in another process of the run (the judge), which calls the program's
+functions with plain data and compares the plain data they return, and which alone holds the
+tests and the report descriptor; no process of the run can read another's memory
+(`launcher.py`).
 """
 
 from art_rlvr.rewards.sandbox.root import sandbox_processes
@@ -23,6 +31,7 @@ from art_rlvr.rewards.sandbox.run import (
     RunResult,
     SandboxChoice,
     SandboxUnavailable,
+    Tests,
     choose_sandbox,
     run_sandboxed,
     sandbox_problem,
@@ -37,6 +46,7 @@ __all__ = [
     "SandboxKind",
     "SandboxLimits",
     "SandboxUnavailable",
+    "Tests",
     "choose_sandbox",
     "run_sandboxed",
     "sandbox_problem",

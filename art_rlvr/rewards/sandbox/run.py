@@ -1,13 +1,13 @@
-"""Run a program and its tests in a sandbox and collect the harness's reports; pick a sandbox."""
+"""Run a program and its tests in a sandbox and collect the judge's reports; pick a sandbox."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import concurrent.futures
 import contextlib
 import marshal
-import secrets
-import subprocess
+import os
 import time
 from collections.abc import Callable
 from functools import cache
@@ -16,10 +16,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.rewards.sandbox import bwrap, root
+from art_rlvr.rewards.sandbox.cgroups import (
+    HARNESS_MB,
+    HARNESS_TASKS,
+    Hierarchy,
+    RunCgroup,
+    cgroup_hierarchy,
+    run_name,
+)
 from art_rlvr.rewards.sandbox.spec import SETUP_FAILED, Launch, SandboxKind, SandboxLimits
 
 SandboxChoice = Literal["auto", "root", "bwrap"]
-KINDS: dict[SandboxKind, Callable[[SandboxLimits], Launch]] = {
+KINDS: dict[SandboxKind, Callable[[SandboxLimits, RunCgroup | None], Launch]] = {
     "root": root.launch,
     "bwrap": bwrap.launch,
 }
@@ -34,6 +42,7 @@ JOB_ENV = {
     "LANG": "C.UTF-8",
     "PYTHONHASHSEED": "0",
 }
+MAX_REPORT_BYTES = 4 * 2**20
 
 
 class SandboxUnavailable(RuntimeError):
@@ -49,27 +58,38 @@ class RunResult(BaseModel):
     exit_code: int | None
     timed_out: bool
     output_overflow: bool
-    stderr_tail: str
+    stderr_tail: str  # the solution's output (stdout and stderr), then the harness's stderr
     seconds: float
+    oom_kills: int = 0  # processes the kernel killed for the run's memory cgroup
+
+
+class Tests(BaseModel):
+    """What only the judge reads: the prompt's code (its helpers), the tests, their units."""
+
+    model_config = ConfigDict(frozen=True)
+
+    support: str
+    test: str
+    units: list[str]
+    entry_point: str | None
 
 
 def make_job(
     launch: Launch,
     program: str,
-    test: str,
-    units: list[str],
     entry_point: str | None,
     limits: SandboxLimits,
+    fds: tuple[int, int],
 ) -> dict[str, Any]:
+    """The launcher's job: everything the solution's process may see (not the tests)."""
     return {
         **launch.job,
         "program": program,
-        "test": test,
-        "units": units,
         "entry_point": entry_point,
-        "nonce": secrets.token_hex(16),
         "limits": limits.rlimits(),
         "env": JOB_ENV,
+        "report_fd": fds[0],
+        "tests_fd": fds[1],
     }
 
 
@@ -89,90 +109,151 @@ async def _discard(stream: asyncio.StreamReader) -> None:
         pass
 
 
+async def _reader(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe = open(fd, "rb", 0)  # noqa: SIM115 (the transport closes it)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+async def _send(fd: int, data: bytes) -> None:
+    """Write `data` to a pipe and close it, without blocking the loop (a reader that never
+    reads, or dies, only leaves the bytes unsent)."""
+    loop = asyncio.get_running_loop()
+    pipe = open(fd, "wb", 0)  # noqa: SIM115 (the transport closes it)
+    transport, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+    transport.write(data)
+    transport.close()
+
+
+def run_cgroup(limits: SandboxLimits) -> RunCgroup | None:
+    """A fresh cgroup for one run with its limits, or None where none can be made."""
+    hierarchy = cgroup_hierarchy()
+    if not isinstance(hierarchy, Hierarchy):
+        return None
+    group = RunCgroup(hierarchy, run_name())
+    try:
+        group.create((limits.memory_mb + HARNESS_MB) * 2**20, limits.max_processes + HARNESS_TASKS)
+    except OSError:
+        group.remove()
+        raise
+    return group
+
+
 async def run_sandboxed(
     program: str,
-    test: str,
-    units: list[str],
-    entry_point: str | None,
+    tests: Tests,
     limits: SandboxLimits,
     kind: SandboxKind,
 ) -> RunResult:
-    """Run `program`, then the test source, then each unit; all inside a fresh sandbox."""
-    launch = KINDS[kind](limits)
-    job = make_job(launch, program, test, units, entry_point, limits)
+    """Run `program` in one process and `tests` against it in another, in a fresh sandbox."""
+    group = run_cgroup(limits)
     try:
-        return await _run(launch, job, limits)
+        launch = KINDS[kind](limits, group)
+        try:
+            return await _run(launch, program, tests, limits, group)
+        finally:
+            launch.close()
     finally:
-        launch.close()
+        if group is not None:  # kills what is left and waits for it: off the loop
+            await asyncio.to_thread(group.remove)
 
 
-async def _run(launch: Launch, job: dict[str, Any], limits: SandboxLimits) -> RunResult:
+async def _run(
+    launch: Launch, program: str, tests: Tests, limits: SandboxLimits, group: RunCgroup | None
+) -> RunResult:
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *launch.argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=launch.env,
-        cwd="/",
-        start_new_session=True,
-        pass_fds=launch.pass_fds,
-    )
-    launch.started()
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    kill = lambda: launch.kill(proc.pid)  # noqa: E731
-    timed_out = False
-    out, err = (b"", False), (b"", False)
+    report_read, report_write = os.pipe()
+    tests_read, tests_write = os.pipe()
+    job = make_job(launch, program, tests.entry_point, limits, (report_write, tests_read))
     try:
-        proc.stdin.write(marshal.dumps(job))
-        await proc.stdin.drain()
-        proc.stdin.close()
+        proc = await asyncio.create_subprocess_exec(
+            *launch.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=launch.env,
+            cwd="/",
+            start_new_session=True,
+            pass_fds=(*launch.pass_fds, report_write, tests_read),
+        )
+    except BaseException:
+        for fd in (report_read, report_write, tests_read, tests_write):
+            os.close(fd)
+        raise
+    finally:
+        launch.started()
+    os.close(report_write)
+    os.close(tests_read)
+    reports_stream = await _reader(report_read)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def kill() -> None:
+        launch.kill(proc.pid)
+        if group is not None:
+            group.kill_once()
+
+    timed_out = False
+    out, err, said = (b"", False), (b"", False), (b"", False)
+    try:
         async with asyncio.timeout(limits.timeout_s):
-            out, err = await asyncio.gather(
+            await _send(tests_write, marshal.dumps(tests.model_dump()))
+            tests_write = -1
+            proc.stdin.write(marshal.dumps(job))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await proc.stdin.drain()
+            proc.stdin.close()
+            out, err, said = await asyncio.gather(
                 _drain(proc.stdout, limits.max_output_bytes, kill),
                 _drain(proc.stderr, limits.max_output_bytes, kill),
+                _drain(reports_stream, MAX_REPORT_BYTES, kill),
             )
             await proc.wait()
     except TimeoutError:
         timed_out = True
-    except (BrokenPipeError, ConnectionResetError):
-        pass
     finally:
+        if tests_write >= 0:
+            os.close(tests_write)
         if proc.returncode is None:
             kill()
             await proc.wait()
-        if timed_out or out[1] or err[1]:  # read the killed tree's pipes to EOF: no fd leaks
+        if timed_out or out[1] or err[1] or said[1]:  # read the killed tree's pipes to EOF
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
-                    await asyncio.gather(_discard(proc.stdout), _discard(proc.stderr))
+                    await asyncio.gather(*map(_discard, (proc.stdout, proc.stderr, reports_stream)))
     deadline = time.monotonic() + 2.0  # everything dies with the namespace; wait to see it
     while not launch.gone() and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     stderr_text = err[0].decode("utf-8", "replace")
     if proc.returncode == SETUP_FAILED and "sandbox setup failed" in stderr_text:
         raise SandboxUnavailable(stderr_text.strip().splitlines()[-1])
+    output = out[0].decode("utf-8", "replace")
     return RunResult(
-        reports=parse_reports(out[0], job["nonce"]),
+        reports=parse_reports(said[0]),
         exit_code=proc.returncode,
         timed_out=timed_out,
-        output_overflow=out[1] or err[1],
-        stderr_tail=stderr_text[-500:],
+        output_overflow=out[1] or err[1] or said[1],
+        stderr_tail=(output[-500:] + "\n" + stderr_text[-500:]).strip(),
         seconds=time.monotonic() - started,
+        oom_kills=group.oom_kills() if group is not None else 0,
     )
 
 
-def parse_reports(stdout: bytes, nonce: str) -> list[dict[str, Any]]:
+def parse_reports(data: bytes) -> list[dict[str, Any]]:
+    """The judge's lines (a dict each); anything else is skipped."""
     reports = []
-    prefix = nonce + " "
-    for line in stdout.decode("utf-8", "replace").splitlines():
-        if line.startswith(prefix):
-            try:
-                report = ast.literal_eval(line[len(prefix) :])
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-            if isinstance(report, dict):
-                reports.append(report)
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            report = ast.literal_eval(line)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(report, dict):
+            reports.append(report)
     return reports
+
+
+TRIVIAL = Tests(support="def f():\n    pass\n", test="", units=["assert f() == 1"], entry_point="f")
 
 
 @cache
@@ -183,35 +264,19 @@ def sandbox_problem(kind: SandboxKind) -> str | None:
     if reason is not None:
         return reason
     limits = SandboxLimits(timeout_s=10)
-    launch = KINDS[kind](limits)
-    job = make_job(launch, "def f():\n    return 1\n", "", ["assert f() == 1"], "f", limits)
-    try:
-        with subprocess.Popen(
-            launch.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=launch.env,
-            cwd="/",
-            start_new_session=True,
-            pass_fds=launch.pass_fds,
-        ) as proc:
-            launch.started()
-            try:
-                stdout, stderr = proc.communicate(marshal.dumps(job), timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                launch.kill(proc.pid)
-                return f"a trivial run took over {limits.timeout_s:.0f} s"
-    except OSError as error:
+    run = run_sandboxed("def f():\n    return 1\n", TRIVIAL, limits, kind)
+    try:  # in a thread with a loop of its own: the caller may be inside a running loop
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            result = pool.submit(asyncio.run, run).result()
+    except (OSError, SandboxUnavailable) as error:
         return f"a trivial run failed: {error}"
-    finally:
-        launch.close()
-    reports = parse_reports(stdout, job["nonce"])
-    if proc.returncode == 0 and {"kind": "unit", "index": 0, "ok": True} in reports:
+    if result.timed_out:
+        return f"a trivial run took over {limits.timeout_s:.0f} s"
+    if result.exit_code == 0 and {"kind": "unit", "index": 0, "ok": True} in result.reports:
         return None
-    said = stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"]
+    said = result.stderr_tail.strip().splitlines() or ["no output"]
     hint = f"; {bwrap.HINT}" if kind == "bwrap" else ""
-    return f"a trivial run failed (exit {proc.returncode}): {said[-1][:300]}{hint}"
+    return f"a trivial run failed (exit {result.exit_code}): {said[-1][:300]}{hint}"
 
 
 def choose_sandbox(requested: SandboxChoice = "auto") -> SandboxKind:

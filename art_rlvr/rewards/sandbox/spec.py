@@ -18,7 +18,12 @@ SandboxKind = Literal["root", "bwrap"]
 
 
 class SandboxLimits(BaseModel):
-    """Per-run limits; the defaults fit HumanEval-style unit tests with room to spare."""
+    """Per-run limits; the defaults fit HumanEval-style unit tests with room to spare.
+
+    `memory_mb` and `max_processes` bound the run in total where per-run cgroups can be made
+    (root, or a delegated cgroup v2 subtree): every process of the solution together, shared
+    memory and memfd included, plus the harness's own (`cgroups.HARNESS_MB`, `HARNESS_TASKS`).
+    Elsewhere `memory_mb` bounds each process (RLIMIT_AS) and shared memory is refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -33,7 +38,7 @@ class SandboxLimits(BaseModel):
         return {
             "RLIMIT_AS": self.memory_mb * 2**20,
             "RLIMIT_CPU": math.ceil(self.timeout_s),
-            "RLIMIT_NPROC": self.max_processes,
+            "RLIMIT_NPROC": self.max_processes,  # the launcher adds the harness's own
             "RLIMIT_FSIZE": self.max_file_mb * 2**20,
             "RLIMIT_NOFILE": 256,
             "RLIMIT_CORE": 0,
