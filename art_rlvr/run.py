@@ -557,7 +557,6 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutsFailed as error:
         return finish(f"error: {error}", log_file, code=1)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        close_progress_bars()
         return finish(RESUME_LINE, log_file, code=130)
     except Exception:
         if log_file is None:
@@ -578,8 +577,8 @@ def import_heavy_modules(cfg: RunConfig) -> None:
 
 
 def close_progress_bars() -> None:
-    """Close the bars a cancelled gather left open (tqdm would redraw them at exit, after the
-    resume line, which must be the last thing printed)."""
+    """Close the bars a cancelled or failed gather left open (ART's gather closes its bar only
+    when it completes): tqdm would redraw them at exit, after the run's last line."""
     tqdm = sys.modules.get("tqdm")
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
         bar.close()
@@ -588,6 +587,7 @@ def close_progress_bars() -> None:
 def finish(text: str, log_file: Path | None, *, code: int) -> int:
     """Print the run's last lines (stdout for a summary, stderr otherwise) and append them to
     run.log once it exists, so the file ends as the console did."""
+    close_progress_bars()
     if log_file is not None:
         close_logging()
         if text:

@@ -65,6 +65,7 @@ def checkpoints(run_dir: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+@pytest.mark.slow  # 2026-12-02: 130 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 @pytest.mark.parametrize("kill_seed", [0])
 def test_rl_survives_sigkill_and_resumes_without_lost_or_repeated_steps(
     tmp_path: Path, kill_seed: int
@@ -131,6 +132,7 @@ def sampled_and_trained(run_dir: Path) -> tuple[list, list]:
     return sampled, trained
 
 
+@pytest.mark.slow  # 2026-12-02: 174 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 def test_two_seeded_runs_started_together_sample_and_train_the_same_bits(tmp_path: Path) -> None:
     """The same seed, two runs at once on the same cores: every sampled token and logprob and
     every step's loss and gradient norm are equal bit for bit. The load makes each run's
@@ -165,6 +167,22 @@ def test_two_seeded_runs_started_together_sample_and_train_the_same_bits(tmp_pat
     assert len(trained_a) == 3 and any(norm > 0 for _, norm, _ in trained_a)
     assert sampled_a == sampled_b
     assert trained_a == trained_b
+
+
+def test_the_error_is_the_last_line_when_a_gather_left_its_bar_open(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ART's gather closes its progress bar only when it completes: a run stopped mid-gather
+    (the Tinker service gone, 2026-12-02) printed the bar after its one-line error."""
+    from tqdm import auto as tqdm
+
+    from art_rlvr.run import finish
+
+    bar = tqdm.tqdm(desc="batch 1", total=2)  # as art.gather_trajectory_groups opens it
+    bar.update(0)
+    assert finish("error: backend=tinker: gone", None, code=2) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: backend=tinker: gone"
+    del bar
 
 
 def test_corrupt_state_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -203,7 +203,10 @@ async def test_langgraph_agent_trains_on_exactly_the_served_ids(backend, make_mo
     assert result.step == 1 and model.get_inference_name() == f"{model.name}@1"
 
 
-@pytest.mark.parametrize("ids_from", ["record", "response"])
+@pytest.mark.parametrize(
+    "ids_from",
+    [pytest.param("record", marks=pytest.mark.slow), "response"],  # record: 81 s
+)
 async def test_agents_sdk_typed_output_with_required_tool_trains_served_ids(
     backend, make_model, ids_from
 ) -> None:

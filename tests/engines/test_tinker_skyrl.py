@@ -28,7 +28,9 @@ from art_rlvr.engines import skyrl
 from art_rlvr.stored import read_trajectories
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
-pytestmark = pytest.mark.slow
+# Each test runs one to three whole runs (one took 404 s idle, two to three times that under
+# load): the suite's 900 s per test cut them off mid-run (2026-12-02), so each gets an hour.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [

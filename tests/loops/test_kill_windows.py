@@ -123,6 +123,7 @@ def killed_then_resumed(tmp_path: Path, pattern: str, occurrence: int) -> dict[s
     return snapshot(run_dir)
 
 
+@pytest.mark.slow  # 2026-12-02: 180 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 def test_a_kill_while_the_state_is_written_after_an_evaluation_doubles_nothing(
     reference: tuple[dict[str, Any], list[str]], tmp_path: Path
 ) -> None:

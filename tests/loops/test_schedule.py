@@ -281,6 +281,7 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
     assert results["killed"] == results["reference"]
 
 
+@pytest.mark.slow  # 2026-12-02: 67 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 def test_schedule_ei_phase_keeps_mode_ei_records_and_counts_teacher_errors(tmp_path: Path) -> None:
     """RL + EI rounds through the schedule: the EI phase leaves the same files as `mode=ei`
     (trajectories, the round buffer, hints.jsonl), and a teacher that always fails shows as

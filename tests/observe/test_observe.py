@@ -132,6 +132,7 @@ def scripted_llm_args(server: ScriptedServer) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # 2026-12-02: 106 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 def test_weave_traces_every_kind_of_work_and_no_secret(tmp_path: Path) -> None:
     with (
         RecordingTraceServer() as trace,
@@ -231,6 +232,7 @@ def test_tracing_stays_off_and_says_why_once(
     assert server == "gone" or requests == []  # the probe is the only request ever made
 
 
+@pytest.mark.slow  # 2026-12-02: 109 s of the default suite on 2 AVX2 cores, which went past 30 minutes; `uv run pytest -m slow`
 def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path) -> None:
     args = [
         "mode=rl",
