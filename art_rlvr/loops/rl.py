@@ -186,7 +186,7 @@ async def train_until[S: TrainState](
         state = await book_step(ctx, state, step, landed, groups)
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
-            "loss %.4f %.1fs, ETA %s",
+            "loss %s %.1fs, ETA %s",
             step,
             until,
             stats.get("reward_mean", 0),
@@ -194,10 +194,16 @@ async def train_until[S: TrainState](
             stats.get("frac_mixed", 0),
             stats.get("frac_all_correct", 0),
             stats.get("frac_all_wrong", 0),
-            result.metrics.get("loss", 0.0),
+            shown_loss(result.metrics),
             seconds,
             eta(state.step_seconds, until - step),
         )
+
+
+def shown_loss(metrics: dict[str, float]) -> str:
+    """The step's loss as the log shows it; `n/a` where the backend reports none (Tinker's
+    native backend reports grad_norm but no loss), rather than a 0 that reads as trained out."""
+    return f"{metrics['loss']:.4f}" if "loss" in metrics else "n/a"
 
 
 def scheduled_lr(base: float, schedule: LrSchedule, done: int, total: int) -> float:

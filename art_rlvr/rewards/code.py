@@ -152,6 +152,15 @@ def describe(
         return passed, "output_limit", f"output limit exceeded ({progress} before it was stopped)"
     if result.timed_out or result.exit_code in (124, 128 + signal.SIGXCPU):
         return passed, "timeout", f"timeout ({progress} before it was stopped)"
+    if result.over_memory_mb:
+        return (
+            passed,
+            "memory",
+            (
+                f"memory limit: the solution's processes held {result.over_memory_mb:.0f} MB "
+                f"together, over the run's limit ({progress})"
+            ),
+        )
     if result.oom_kills:
         return (
             passed,

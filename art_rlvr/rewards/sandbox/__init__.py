@@ -7,8 +7,8 @@ Model-written code is hostile by default. Each run happens in a fresh process tr
   init process exits);
 - is bounded in total by a cgroup of its own where one can be made (`cgroups.py`: memory,
   shared memory and memfd included, and the number of processes, whoever owns them); elsewhere
-  per process (RLIMIT_AS) with shared memory and memfd refused (`seccomp.py`), said once in the
-  log;
+  by a watch on the whole tree's resident memory (`watch.py`), RLIMIT_AS per process and
+  RLIMIT_NPROC, with shared memory and memfd refused (`seccomp.py`), said once in the log;
 - has a read-only root holding only /usr, the Python install and four /dev nodes, with a
   writable, size-limited tmpfs at /tmp/work (the host's home, /tmp, /work... are absent);
 - runs unprivileged with no_new_privs and resource limits (address space, CPU seconds, process

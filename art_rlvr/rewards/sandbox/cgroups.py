@@ -11,7 +11,7 @@ controllers), is killed as a whole through it, and leaves nothing behind.
 
 Creating them needs write access to our own cgroups: root on most hosts, or a v2 subtree
 delegated to the user. Where that is missing, `cgroup_hierarchy` says why and the sandbox falls
-back to per-process limits (see `run.py`).
+back to per-process limits and a watch on the tree's memory in total (`watch.py`).
 """
 
 from __future__ import annotations
@@ -255,8 +255,8 @@ def cgroup_hierarchy() -> Hierarchy | str:
     except (LookupError, OSError, ValueError) as error:
         reason = f"cannot make per-run cgroups here ({error})"
         log.warning(
-            "code sandbox: %s; memory is bounded per process (RLIMIT_AS), processes by "
-            "RLIMIT_NPROC, and SysV shared memory and memfd are refused (seccomp)",
+            "code sandbox: %s; memory is bounded per process (RLIMIT_AS) and watched in total, "
+            "processes by RLIMIT_NPROC, and SysV shared memory and memfd are refused (seccomp)",
             reason,
         )
         return reason

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.rewards.sandbox import bwrap, root
+from art_rlvr.rewards.sandbox import bwrap, root, watch
 from art_rlvr.rewards.sandbox.cgroups import (
     HARNESS_MB,
     HARNESS_TASKS,
@@ -61,6 +61,7 @@ class RunResult(BaseModel):
     stderr_tail: str  # the solution's output (stdout and stderr), then the harness's stderr
     seconds: float
     oom_kills: int = 0  # processes the kernel killed for the run's memory cgroup
+    over_memory_mb: float = 0.0  # without a cgroup: the tree's total when the watch killed it
 
 
 class Tests(BaseModel):
@@ -194,6 +195,15 @@ async def _run(
         if group is not None:
             group.kill_once()
 
+    over_mb = 0.0
+
+    async def guard() -> None:
+        """Without a cgroup, the tree's memory in total (`watch.py`)."""
+        nonlocal over_mb
+        over_mb = await watch.over_memory(proc.pid, limits.memory_mb + HARNESS_MB)
+        kill()
+
+    guarding = asyncio.create_task(guard()) if group is None else None
     timed_out = False
     out, err, said = (b"", False), (b"", False), (b"", False)
     try:
@@ -213,6 +223,8 @@ async def _run(
     except TimeoutError:
         timed_out = True
     finally:
+        if guarding is not None:
+            guarding.cancel()
         if tests_write >= 0:
             os.close(tests_write)
         if proc.returncode is None:
@@ -237,6 +249,7 @@ async def _run(
         stderr_tail=(output[-500:] + "\n" + stderr_text[-500:]).strip(),
         seconds=time.monotonic() - started,
         oom_kills=group.oom_kills() if group is not None else 0,
+        over_memory_mb=over_mb,
     )
 
 

@@ -23,7 +23,8 @@ class SandboxLimits(BaseModel):
     `memory_mb` and `max_processes` bound the run in total where per-run cgroups can be made
     (root, or a delegated cgroup v2 subtree): every process of the solution together, shared
     memory and memfd included, plus the harness's own (`cgroups.HARNESS_MB`, `HARNESS_TASKS`).
-    Elsewhere `memory_mb` bounds each process (RLIMIT_AS) and shared memory is refused."""
+    Elsewhere `memory_mb` bounds each process (RLIMIT_AS) and, with the harness's share, the
+    tree's resident memory in total (watched, `watch.py`), and shared memory is refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
