@@ -1,12 +1,15 @@
 """A normal request's latency while TorchBackend's server is under hostile use: 1,100 idle
 connections (reopened as soon as the server closes one) and a 4 MB prompt sent again and again.
 
-    uv run python benchmarks/hostile_server.py [--nofile 1024,8192] [--requests 20]
+    uv run python benchmarks/hostile_server.py [--nofile 1024,1024:1024] [--requests 20]
         [--idle 1100] [--prompt-mb 4] [--out benchmarks/results/hostile_server]
 
 The server is TorchBackend's own (the default model, one registered adapter) in a process of
-its own on 127.0.0.1, at each soft descriptor limit of `--nofile` (1024: the probe's `ulimit -n
-1024`); this process holds the hostile clients (its own limit raised to fit them). For each,
+its own on 127.0.0.1, started at each descriptor limit of `--nofile`: `1024` a soft 1024 under
+this shell's hard limit (a shell's `ulimit -Sn 1024`, which the server lifts), `1024:1024`
+soft and hard (a container's `ulimit -n 1024`, which it cannot); the row records the soft
+limit the server ran at. This process holds the hostile clients (its own limit raised to fit
+them). For each,
 the median and p90 of `--requests` normal requests (a new connection each: `GET /v1/models`,
 and a 1-token chat completion), idle and under attack, with and without a busy-loop process
 on every core. The probe of main e6a4417 saw a normal request time out at 30 s under 1,100
@@ -56,7 +59,9 @@ def serve_forever() -> None:
             )
             await model.register(backend)
             url, key = await backend._prepare_backend_for_training(model)
-            print(json.dumps({"url": url, "key": key, "model": model.get_inference_name()}))
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)  # as the server lifted it
+            reply = {"url": url, "key": key, "model": model.get_inference_name(), "soft": soft}
+            print(json.dumps(reply))
             sys.stdout.flush()
             await asyncio.to_thread(sys.stdin.read)
             await backend.close()
@@ -65,10 +70,14 @@ def serve_forever() -> None:
 
 
 @contextmanager
-def server(nofile: int) -> Iterator[dict[str, str]]:
+def server(nofile: str) -> Iterator[dict[str, str]]:
+    """The server process, started at `soft` or `soft:hard` open files."""
+
     def limit() -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
+        soft, _, capped = nofile.partition(":")
+        hard = min(hard, int(capped)) if capped else hard
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(soft), hard), hard))
 
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve"],
@@ -225,7 +234,7 @@ def normal_requests(base: dict[str, str], count: int) -> dict[str, dict[str, flo
     return out
 
 
-def measure(args: argparse.Namespace, nofile: int) -> list[dict]:
+def measure(args: argparse.Namespace, nofile: str) -> list[dict]:
     rows = []
     with server(nofile) as base:
         address = (HOST, int(base["url"].split(":")[2].split("/")[0]))
@@ -252,7 +261,8 @@ def measure(args: argparse.Namespace, nofile: int) -> list[dict]:
                             if big.answers
                             else None,
                         }
-                row |= {"server_nofile": nofile, "hostile": hostile, "busy_loop": load}
+                row |= {"started_nofile": nofile, "server_nofile": base["soft"]}
+                row |= {"hostile": hostile, "busy_loop": load}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows
@@ -261,7 +271,7 @@ def measure(args: argparse.Namespace, nofile: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--nofile", default="1024,8192")
+    parser.add_argument("--nofile", default="1024,1024:1024", help="soft[:hard],...")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--idle", type=int, default=1100)
     parser.add_argument("--prompt-mb", type=float, default=4.0)
@@ -272,7 +282,7 @@ def main() -> None:
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # this process holds the clients
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * args.idle + 256)), hard))
-    rows = [row for n in args.nofile.split(",") for row in measure(args, int(n))]
+    rows = [row for n in args.nofile.split(",") for row in measure(args, n)]
     now = datetime.now(UTC)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{now:%Y-%m-%dT%H%M}.json"

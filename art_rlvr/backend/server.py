@@ -59,7 +59,12 @@ from art_rlvr.backend.engine import (
     SamplingParams,
     TokenEvent,
 )
-from art_rlvr.backend.http_limits import ConnectionLimits, guarded_protocol, quiet_accept_errors
+from art_rlvr.backend.http_limits import (
+    ConnectionLimits,
+    guarded_protocol,
+    quiet_accept_errors,
+    raise_descriptor_limit,
+)
 from art_rlvr.backend.served import ServedLog
 
 log = logging.getLogger(__name__)
@@ -503,7 +508,9 @@ common clients' expiry (httpx 5 s, aiohttp 15 s), the client always retires it f
 
 def server_config(app: FastAPI, limits: ConnectionLimits | None = None) -> uvicorn.Config:
     """uvicorn's settings for our apps: the guarded h11 protocol, keep-alive, a bounded
-    graceful shutdown (in-flight requests get `graceful_shutdown_s`, then they are cut)."""
+    graceful shutdown (in-flight requests get `graceful_shutdown_s`, then they are cut); the
+    process's soft limit on open files lifted towards its hard one first."""
+    raise_descriptor_limit()
     limits = limits or ConnectionLimits()
     return uvicorn.Config(
         app,
