@@ -27,7 +27,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 # was imported first, unless torch had already multiplied matrices.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from art_rlvr._lazy import lazy_exports
+from art_rlvr.core.lazy import lazy_exports
 
 # Known third-party warnings we cannot fix, silenced by their exact text (nothing else is):
 # peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates on every access
@@ -43,28 +43,28 @@ _EXPORTS = {
     "BackendUnavailable": "art_rlvr.backends",
     "build_backend": "art_rlvr.backends",
     "check_requirements": "art_rlvr.backends",
-    "RunConfig": "art_rlvr.config",
-    "parse_args": "art_rlvr.config",
-    "EvalReport": "art_rlvr.evaluation",
-    "evaluate": "art_rlvr.evaluation",
-    "Score": "art_rlvr.core",
-    "Reply": "art_rlvr.core",
-    "Episode": "art_rlvr.core",
-    "make_reward": "art_rlvr.rewards",
-    "SamplingConfig": "art_rlvr.sampling",
+    "RunConfig": "art_rlvr.config.run_config",
+    "parse_args": "art_rlvr.config.run_config",
+    "EvalReport": "art_rlvr.eval.evaluate",
+    "evaluate": "art_rlvr.eval.evaluate",
+    "Score": "art_rlvr.core.types",
+    "Reply": "art_rlvr.core.types",
+    "Episode": "art_rlvr.core.types",
+    "make_reward": "art_rlvr.scenarios.rewards",
+    "SamplingConfig": "art_rlvr.rollouts.sampling",
     "gather_groups": "art_rlvr.rollouts",
     "rollout": "art_rlvr.rollouts",
     "rollout_group": "art_rlvr.rollouts",
     "run_episode": "art_rlvr.rollouts",
-    "tool": "art_rlvr.tools",
-    "attach_outcome": "art_rlvr.outcome",
-    "feedback_of": "art_rlvr.outcome",
-    "is_correct": "art_rlvr.outcome",
+    "tool": "art_rlvr.rollouts.tools",
+    "attach_outcome": "art_rlvr.core.outcome",
+    "feedback_of": "art_rlvr.core.outcome",
+    "is_correct": "art_rlvr.core.outcome",
     "setup_weave": "art_rlvr.observe.tracing",
-    "Scenario": "art_rlvr.scenario",
-    "Task": "art_rlvr.scenario",
-    "builtin_scenarios": "art_rlvr.scenario",
-    "load_task": "art_rlvr.scenario",
+    "Scenario": "art_rlvr.scenarios.scenario",
+    "Task": "art_rlvr.scenarios.scenario",
+    "builtin_scenarios": "art_rlvr.scenarios.scenario",
+    "load_task": "art_rlvr.scenarios.scenario",
 }
 
 __all__, __getattr__, __dir__ = lazy_exports("art_rlvr", _EXPORTS)

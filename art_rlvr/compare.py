@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.runfolder import RunFolderError, number, read_run_folder
+from art_rlvr.rundir.reader import RunFolderError, number, read_run_folder
 
 ORDER = (
     "baseline (eval)",

@@ -29,8 +29,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import checkpoints as ckpt
-from art_rlvr.runfolder import RunFolder, RunFolderError, read_run_folder
-from art_rlvr.text import first_line
+from art_rlvr.core.text import first_line
+from art_rlvr.rundir.reader import RunFolder, RunFolderError, read_run_folder
 
 MANIFEST = "art_rlvr_export.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -131,7 +131,7 @@ def _model_dir(run: Path, config: dict[str, Any]) -> Path | None:
 
 def _run_model_name(config: dict[str, Any]) -> tuple[str | None, str | None]:
     """(model name, project) as the run named them (`RunConfig.name`)."""
-    from art_rlvr.config import RunConfig
+    from art_rlvr.config.run_config import RunConfig
 
     keys = ("scenario", "mode", "phases", "seed", "run_name", "project")
     try:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from art_rlvr.export import ExportError, check_out_dir, staged
-from art_rlvr.runfolder import RunFolderError, read_run_folder
-from art_rlvr.stored import Message, StoredTrajectory, TrajectoryFileError
+from art_rlvr.rundir.reader import RunFolderError, read_run_folder
+from art_rlvr.rundir.stored import Message, StoredTrajectory, TrajectoryFileError
 
 KINDS = ("train", "val", "test")
 FILE = re.compile(r"^(?P<kind>[a-z]+)_(?P<step>\d+)")

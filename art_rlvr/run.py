@@ -42,30 +42,30 @@ from art_rlvr.backends import (
     service_lost,
     service_problem,
 )
-from art_rlvr.config import MODE_TITLES, ConfigError, RunConfig, parse_args
-from art_rlvr.config_reference import help_text
+from art_rlvr.config.reference import help_text
+from art_rlvr.config.run_config import MODE_TITLES, ConfigError, RunConfig, parse_args
+from art_rlvr.core.text import first_line
 from art_rlvr.ei.config import start_problem as ei_problem
-from art_rlvr.environments.mcp_tools import (
+from art_rlvr.eval.policy import PolicyError, read_key
+from art_rlvr.gepa.start import choose_seed_prompt
+from art_rlvr.gepa.start import start_problem as gepa_problem
+from art_rlvr.llm.client import key_problem
+from art_rlvr.loops.evaluate import sampled_eval, versions
+from art_rlvr.loops.plan import spell
+from art_rlvr.observe.clock import cpu_seconds
+from art_rlvr.observe.tracing import finish_weave, setup_weave
+from art_rlvr.rollouts.verifiers import load_any, runners_of
+from art_rlvr.rundir.events import EvalEvent, RolloutsFailed, RunSummary
+from art_rlvr.rundir.files import RunFiles, StateFileError
+from art_rlvr.scenarios.environments.mcp_tools import (
     McpServerError,
     close_servers,
     servers_of,
     start_servers,
 )
-from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.gepa.start import start_problem as gepa_problem
-from art_rlvr.llm import key_problem
-from art_rlvr.loops.evaluate import sampled_eval, versions
-from art_rlvr.loops.plan import spell
-from art_rlvr.mixture import Mixture
-from art_rlvr.observe.clock import cpu_seconds
-from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.policy import PolicyError, read_key
-from art_rlvr.records import EvalEvent, RolloutsFailed, RunSummary
-from art_rlvr.runfiles import RunFiles, StateFileError
-from art_rlvr.scenario import Task
-from art_rlvr.sources import ScenarioFileError
-from art_rlvr.text import first_line
-from art_rlvr.verifiers_env import load_any, runners_of
+from art_rlvr.scenarios.mixture import Mixture
+from art_rlvr.scenarios.scenario import Task
+from art_rlvr.scenarios.sources import ScenarioFileError
 
 log = logging.getLogger("art_rlvr")
 
@@ -178,7 +178,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     try:
         await start_servers(servers)
         if cfg.policy.model is not None:  # an external model: no backend, no embedded model
-            from art_rlvr.policy import external_model
+            from art_rlvr.eval.policy import external_model
 
             policy = external_model(cfg.policy, project=cfg.project)
             if cfg.mode == "gepa":  # the prompt evolves, the external weights stay as they are

@@ -26,8 +26,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from art_rlvr.backend import checkpoints as ckpt
 from art_rlvr.backend.server import new_api_key
+from art_rlvr.core.text import first_line
 from art_rlvr.export import Checkpoint, ExportError, find_checkpoint
-from art_rlvr.text import first_line
 
 if TYPE_CHECKING:
     from art_rlvr.backend.torch_backend import TorchBackend

@@ -26,10 +26,10 @@ HINTS = [
 
 
 def main(run_dir: Path, extra: list[str]) -> dict:
-    from art_rlvr.ei.records import RoundBuffer
-    from art_rlvr.leakage import leaks
+    from art_rlvr.ei.data import RoundBuffer
     from art_rlvr.run import main as run_main
-    from art_rlvr.scenario import load_task
+    from art_rlvr.scenarios.leakage import leaks
+    from art_rlvr.scenarios.scenario import load_task
     from art_rlvr.testing import ScriptedServer, Step
 
     os.environ["SCRIPTED_TEACHER_KEY"] = "sk-scripted-teacher"
@@ -76,8 +76,8 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         for h in buffer.hints:
             if h.hint and leaks(h.hint, by_id[h.scenario_id].x["answer"]):
                 accepted_hints_leaking += 1
+    from art_rlvr.core.outcome import turns
     from art_rlvr.ei.relabel import hint_leaks, message_text, relabel
-    from art_rlvr.outcome import turns
 
     # what SFT trains on, every turn of it
     trained = [(e, relabel(e)) for e in examples]

@@ -31,7 +31,7 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from art_rlvr import load_task
 from art_rlvr.rollouts import SamplingConfig, gather_groups
-from art_rlvr.scenario import Scenario
+from art_rlvr.scenarios.scenario import Scenario
 
 
 def http_client() -> DefaultAsyncHttpxClient:

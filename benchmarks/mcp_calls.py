@@ -1,5 +1,5 @@
 """What an MCP tool costs beside the same tool as a plain function: one `multiply` called through
-`art_rlvr.tools.call_tool` both ways, in one process, side by side (sequential calls, then
+`art_rlvr.rollouts.tools.call_tool` both ways, in one process, side by side (sequential calls, then
 calls 16 at a time), plus the server's one-off costs (the load-time listing, connecting, a
 restart after a crash).
 
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from art_rlvr.environments.mcp_tools import McpServer, McpServerSpec
-from art_rlvr.tools import call_tool, tool
+from art_rlvr.rollouts.tools import call_tool, tool
+from art_rlvr.scenarios.environments.mcp_tools import McpServer, McpServerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "docs" / "examples" / "mcp" / "calc_server.py"

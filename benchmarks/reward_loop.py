@@ -28,11 +28,11 @@ import art
 from bench_server import serving
 
 from art_rlvr import load_task
-from art_rlvr.core import Score
-from art_rlvr.rewards.code import sandbox_unavailable_reason
-from art_rlvr.rewards.math import MathReward, verifier_pool
+from art_rlvr.core.types import Score
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
-from art_rlvr.scenario import Scenario, Task
+from art_rlvr.scenarios.rewards.code import sandbox_unavailable_reason
+from art_rlvr.scenarios.rewards.math import MathReward, verifier_pool
+from art_rlvr.scenarios.scenario import Scenario, Task
 
 REPLIES = {
     "math": "Adding the parts gives $\\boxed{\\frac{7}{3}}$.",

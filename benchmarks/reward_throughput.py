@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 
 from art_rlvr import load_task
-from art_rlvr.core import Score
-from art_rlvr.rewards.code import CodeReward, sandbox_unavailable_reason
-from art_rlvr.rewards.math import MathReward, verifier_pool
-from art_rlvr.rewards.numeric import NumericReward
-from art_rlvr.rewards.qa import QAReward
+from art_rlvr.core.types import Score
+from art_rlvr.scenarios.rewards.code import CodeReward, sandbox_unavailable_reason
+from art_rlvr.scenarios.rewards.math import MathReward, verifier_pool
+from art_rlvr.scenarios.rewards.numeric import NumericReward
+from art_rlvr.scenarios.rewards.qa import QAReward
 
 Case = tuple[dict, str]
 

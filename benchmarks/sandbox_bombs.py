@@ -31,7 +31,7 @@ from pathlib import Path
 def one(kind: str, case: str, memory_mb: int, timeout_s: float) -> None:
     """(in the measuring cgroup, maybe with another checkout's art_rlvr) Score one bomb, given
     as JSON {"task", "body"}; print what came back as JSON."""
-    from art_rlvr.rewards.code import CodeReward
+    from art_rlvr.scenarios.rewards.code import CodeReward
 
     reward = CodeReward(limits={"memory_mb": memory_mb, "timeout_s": timeout_s}, sandbox=kind)
     given = json.loads(case)

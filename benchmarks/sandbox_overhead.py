@@ -25,8 +25,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from art_rlvr.rewards.code import CodeReward
-from art_rlvr.rewards.sandbox import SandboxLimits, bwrap, sandbox_problem
+from art_rlvr.scenarios.rewards.code import CodeReward
+from art_rlvr.scenarios.rewards.sandbox import SandboxLimits, bwrap, sandbox_problem
 
 TASK = {
     "prompt": "def f(xs):\n",

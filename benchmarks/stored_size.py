@@ -1,4 +1,4 @@
-"""Bytes per stored trajectory: the whole `art.Trajectory` (art_rlvr.stored, since 2026-11-25)
+"""Bytes per stored trajectory: the whole `art.Trajectory` (art_rlvr.rundir.stored, since 2026-11-25)
 against the readable row written before (`runfiles.trajectory_row`, no token data), on real
 rollouts of the embedded model with the default run's sampling (arith, groups of 6, 32 tokens,
 temperature 1).
@@ -23,12 +23,12 @@ import art
 from art.utils.trajectory_logging import write_trajectory_groups_parquet
 
 from art_rlvr import TorchBackend
-from art_rlvr.config import RunConfig
-from art_rlvr.outcome import completion_text, feedback_of, is_correct, turns
+from art_rlvr.config.run_config import RunConfig
+from art_rlvr.core.outcome import completion_text, feedback_of, is_correct, turns
 from art_rlvr.rollouts import rollout_group
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import load_task
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.scenarios.scenario import load_task
 
 
 def row_before(t: art.Trajectory) -> dict[str, Any]:

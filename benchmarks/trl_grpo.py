@@ -116,7 +116,7 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: boo
 
     from art_rlvr import DEFAULT_BASE_MODEL, LoraSettings, load_task
     from art_rlvr.backend.model_source import resolve_base_model
-    from art_rlvr.config import RunConfig
+    from art_rlvr.config.run_config import RunConfig
 
     trl_dir = out / trl_folder(scheduler, checkpointing)
     trl_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ async def score(checkpoints: dict[str, dict[int, str]], seed: int, limit: int | 
     import art
 
     from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, evaluate, load_task
-    from art_rlvr.config import RunConfig
+    from art_rlvr.config.run_config import RunConfig
 
     cfg = RunConfig(scenario="arith", seed=seed)
     scenarios = load_task("arith", seed=seed).held_out("val", limit)

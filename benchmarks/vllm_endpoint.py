@@ -73,7 +73,7 @@ def cli(words: list[str], **env: str) -> float:
 
 def val_rows(run_dir: Path) -> dict[str, tuple[str, bool]]:
     """Each val item's greedy completion and whether it was correct."""
-    from art_rlvr.stored import read_trajectories
+    from art_rlvr.rundir.stored import read_trajectories
 
     (path,) = sorted((run_dir / "trajectories").glob("val_*.jsonl"))[:1]
     out: dict[str, tuple[str, bool]] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rundir.stored import read_trajectories
 
 TINY = [
     "scenario=arith",
@@ -377,7 +377,7 @@ async def test_a_base_model_that_cannot_load_is_one_line(backend, tmp_path: Path
 
     from art_rlvr import DEFAULT_BASE_MODEL
     from art_rlvr.backend.model_source import base_model_problem, resolve_base_model
-    from art_rlvr.config import ConfigError, parse_args
+    from art_rlvr.config.run_config import ConfigError, parse_args
     from art_rlvr.run import register
 
     folder = tmp_path / "no-weights"

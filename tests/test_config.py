@@ -4,7 +4,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from art_rlvr.config import ConfigError, RunConfig, parse_args
+from art_rlvr.config.run_config import ConfigError, RunConfig, parse_args
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.gepa.config import GEPAConfig
 
@@ -173,7 +173,7 @@ def test_the_config_validates_without_importing_the_heavy_stack() -> None:
     import subprocess
     import sys
 
-    probe = "import sys, art_rlvr.config; print(sorted({'art', 'torch', 'transformers'} & set(sys.modules)))"
+    probe = "import sys, art_rlvr.config.run_config; print(sorted({'art', 'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -233,7 +233,7 @@ def test_first_contact_is_short_and_exact(
 @pytest.mark.parametrize("mode", ["eval", "rl", "gepa", "ei", "gepa_rl", "gepa_rl_ei"])
 def test_every_mode_has_help_naming_real_keys(mode: str) -> None:
     """Each key a mode's help shows parses with the default it shows."""
-    from art_rlvr.config_reference import help_text
+    from art_rlvr.config.reference import help_text
 
     text = help_text(mode)
     keys = [line.split()[0] for line in text.splitlines() if line.startswith("  ") and "=" in line]

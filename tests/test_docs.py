@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.config import parse_args
+from art_rlvr.config.run_config import parse_args
+from art_rlvr.rollouts.verifiers import load_any
 from art_rlvr.run import machine_problem, mode_problem
-from art_rlvr.verifiers_env import load_any
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -228,10 +228,10 @@ def test_readme_shows_the_command_ci_runs() -> None:
 def test_cli_reference_tables_are_the_generated_ones() -> None:
     """docs/cli.md's key tables come from the config models' field descriptions (one source for
     every default); a key added, renamed or re-described shows up here until the page is redone."""
-    from art_rlvr.config_reference import reference_markdown
+    from art_rlvr.config.reference import reference_markdown
 
     assert reference_markdown() in (ROOT / "docs" / "cli.md").read_text(), (
-        "docs/cli.md's key tables differ from `uv run python -m art_rlvr.config_reference`: "
+        "docs/cli.md's key tables differ from `uv run python -m art_rlvr.config.reference`: "
         "paste its output between the page's generated-table markers"
     )
 

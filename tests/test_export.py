@@ -28,8 +28,8 @@ from art_rlvr import DEFAULT_BASE_MODEL, RunConfig, SamplingConfig, TorchBackend
 from art_rlvr.export import MANIFEST, ValEval, pick_step, val_evals
 from art_rlvr.export import main as export_main
 from art_rlvr.loops.context import RunContext, run_eval
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.runfolder import RunFolder, read_run_folder
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.rundir.reader import RunFolder, read_run_folder
 from art_rlvr.serve import main as serve_main
 
 MAX_TOKENS = 24

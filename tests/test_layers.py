@@ -102,7 +102,7 @@ def test_the_graph_is_read() -> None:
     graph = import_graph()
     assert len(graph) > 40
     assert "art_rlvr.loops.context" in graph["art_rlvr.loops.rl"]
-    assert "art_rlvr.outcome" in graph["art_rlvr.observe.tracing"]
+    assert "art_rlvr.core.outcome" in graph["art_rlvr.observe.tracing"]
 
 
 def test_every_module_has_a_layer() -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from art_rlvr.llm import (
+from art_rlvr.llm.client import (
     LLMClient,
     LLMCounters,
     LLMError,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.config import ConfigError, parse_args
-from art_rlvr.mixture import Mixture, MixtureEntry, load_scenarios, parse_mixture
-from art_rlvr.records import RunSummary
+from art_rlvr.config.run_config import ConfigError, parse_args
 from art_rlvr.run import main as run_main
 from art_rlvr.run import summary_lines
-from art_rlvr.scenario import batch_scenarios, load_task, scenarios_dir
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rundir.events import RunSummary
+from art_rlvr.rundir.stored import read_trajectories
+from art_rlvr.scenarios.mixture import Mixture, MixtureEntry, load_scenarios, parse_mixture
+from art_rlvr.scenarios.scenario import batch_scenarios, load_task, scenarios_dir
 
 MUL = """
 name = "mul"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.scenarios.sources import ScenarioFileError
 
 REWARDS = """
 import asyncio, time
@@ -87,7 +87,7 @@ async def test_a_reward_that_hangs_in_a_run_scores_zero_and_says_why(
 
     ticker = asyncio.ensure_future(tick())
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="art_rlvr.scenario"):
+    with caplog.at_level(logging.WARNING, logger="art_rlvr.scenarios.scenario"):
         score = await record.score("42")
     ticker.cancel()
     assert time.monotonic() - started < TIMEOUT_S + 5

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.scenario import builtin_scenarios
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.scenarios.scenario import builtin_scenarios
+from art_rlvr.scenarios.sources import ScenarioFileError
 
 
 def ids(task, split):
@@ -173,7 +173,7 @@ def test_unknown_scenario_lists_choices() -> None:
 
 REWARDS = """
 import asyncio
-from art_rlvr.rewards import Score
+from art_rlvr.scenarios.rewards import Score
 
 def as_float(x, y):
     return 1.0 if y.strip() == str(x["answer"]) else 0.0
@@ -277,7 +277,7 @@ async def test_an_evaluation_reports_format_only_when_the_reward_measures_it(
     against the scripted OpenAI-compatible server on loopback."""
     import art
 
-    from art_rlvr.evaluation import evaluate
+    from art_rlvr.eval.evaluate import evaluate
     from art_rlvr.testing import ScriptedServer, Step
 
     task = load_task(str(user_toml(reward_module, reward=reward)), seed=0)

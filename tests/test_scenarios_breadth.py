@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.scenario import builtin_scenarios
-from art_rlvr.sources import ScenarioFileError, last_boxed
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rundir.stored import read_trajectories
+from art_rlvr.scenarios.scenario import builtin_scenarios
+from art_rlvr.scenarios.sources import ScenarioFileError, last_boxed
 
 
 def write(path: Path, text: str) -> Path:
@@ -91,7 +91,7 @@ GSM8K_HUB_TOML = (
     '{extra}[reward]\nname = "numeric"\n'
 )
 LOAD = (
-    "import sys; from art_rlvr.scenario import load_task; t = load_task(sys.argv[1], seed=0); "
+    "import sys; from art_rlvr.scenarios.scenario import load_task; t = load_task(sys.argv[1], seed=0); "
     "print([len(t.splits[s]) for s in ('train', 'val', 'test')], "
     "sorted(s.x['answer'] for s in t.splits['test']))"
 )
@@ -256,7 +256,7 @@ GOOD_GSM8K = {"question": "q?", "answer": "so #### 4"}
         ),
         (
             'type = "gsm8k"\npath = "d.jsonl"',
-            'name = "art_rlvr.rewards.qa:nonesuch"',
+            'name = "art_rlvr.scenarios.rewards.qa:nonesuch"',
             None,
             "has no attribute 'nonesuch'",
         ),
@@ -300,7 +300,7 @@ def test_malformed_scenario_file_names_file_and_line(tmp_path: Path) -> None:
 
 USER_REWARD = '''
 """A user's own reward: full credit for naming the colour, in any case."""
-from art_rlvr.rewards import Score
+from art_rlvr.scenarios.rewards import Score
 
 
 def colour(x, y):

@@ -1,4 +1,4 @@
-"""The stored trajectory (`art_rlvr.stored`): a group written to a run's trajectories file reads
+"""The stored trajectory (`art_rlvr.rundir.stored`): a group written to a run's trajectories file reads
 back equal to the `art.TrajectoryGroup` it was (every turn, `Choice` with token ids and logprobs,
 tool call and definition, additional history, metadata, logs, the group's exceptions), and a
 file of the layout before still reads."""
@@ -15,14 +15,14 @@ import pytest
 from art.trajectories import LegacyHistory
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.eval_run import JournalRow, rebuilt
-from art_rlvr.outcome import completion_text, turns
+from art_rlvr.core.outcome import completion_text, turns
+from art_rlvr.eval.journal import JournalRow, rebuilt
 from art_rlvr.rollouts import rollout, rollout_failure
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.runfolder import read_run_folder
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import load_task
-from art_rlvr.stored import TrajectoryFileError, parse_group, read_groups, stored_group
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.rundir.reader import read_run_folder
+from art_rlvr.rundir.stored import TrajectoryFileError, parse_group, read_groups, stored_group
+from art_rlvr.scenarios.scenario import load_task
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 Make = Callable[[Any], Awaitable[art.TrajectoryGroup]]

@@ -1,4 +1,4 @@
-"""Episode-to-text (`art_rlvr.transcript`), what GEPA's reflector and EI's teacher read: a
+"""Episode-to-text (`art_rlvr.core.transcript`), what GEPA's reflector and EI's teacher read: a
 whole episode rendered turn by turn and trimmed to a character budget that keeps the last and
 the failing turns, every left-out turn counted by a marker."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from art_rlvr.transcript import assemble, episode_text, failing, message_text, split_turns
+from art_rlvr.core.transcript import assemble, episode_text, failing, message_text, split_turns
 
 MARKER = re.compile(r"\[… (\d+) turns? omitted …\]")
 

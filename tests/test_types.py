@@ -1,6 +1,6 @@
 """The type checker as part of the suite: mypy on the package finds no error.
 
-Its settings are pyproject's `[tool.mypy]` (strict on `art_rlvr.core`, the default level
+Its settings are pyproject's `[tool.mypy]` (strict on `art_rlvr.core.types`, the default level
 elsewhere); the same check alone is `uv run mypy`. It keeps its cache in the repository's
 `.mypy_cache` (ignored by git): a fresh clone pays for a cold run once, later runs are quick.
 """

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from art_rlvr.runfiles import write_json_atomic  # noqa: F401  (torch_backend saves through it)
+from art_rlvr.rundir.files import write_json_atomic  # noqa: F401  (torch_backend saves through it)
 
 
 def checkpoint_dir(model_dir: Path, step: int) -> Path:

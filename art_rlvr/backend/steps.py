@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import train as T
 from art_rlvr.backend.adapters import Trainee, exclusive
-from art_rlvr.core import Loss
+from art_rlvr.core.types import Loss
 
 
 class RLSettings(BaseModel):

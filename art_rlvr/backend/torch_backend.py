@@ -48,7 +48,7 @@ from art_rlvr.backend.server import (
     prompt_chars_bound,
 )
 from art_rlvr.backend.threads import OwnThreads, in_threads, usable_cores
-from art_rlvr.core import Loss
+from art_rlvr.core.types import Loss
 
 __all__ = ["LoraSettings", "TorchBackend"]
 

@@ -42,7 +42,7 @@ from art_rlvr.backend.train_data import (
     sft_samples,
     trajectory_samples,
 )
-from art_rlvr.core import Loss
+from art_rlvr.core.types import Loss
 
 __all__ = [
     "AssistantTurns",

@@ -7,7 +7,7 @@ Names resolve lazily: RunConfig imports `EIConfig`, and the CLI must be able to 
 key before `import art` (~20 s) happens.
 """
 
-from art_rlvr._lazy import lazy_exports
+from art_rlvr.core.lazy import lazy_exports
 
 _EXPORTS = {
     "EIConfig": "art_rlvr.ei.config",
@@ -21,11 +21,11 @@ _EXPORTS = {
     "hint_leaks": "art_rlvr.ei.relabel",
     "relabel_for_rl": "art_rlvr.ei.relabel",
     "best_attempts": "art_rlvr.ei.relabel",
-    "DistillExample": "art_rlvr.ei.records",
-    "Episode": "art_rlvr.ei.records",
-    "RoundBuffer": "art_rlvr.ei.records",
-    "RoundStats": "art_rlvr.ei.records",
-    "EIState": "art_rlvr.ei.records",
+    "DistillExample": "art_rlvr.ei.data",
+    "Episode": "art_rlvr.ei.data",
+    "RoundBuffer": "art_rlvr.ei.data",
+    "RoundStats": "art_rlvr.ei.data",
+    "EIState": "art_rlvr.ei.data",
     "collect_round": "art_rlvr.ei.expert",
     "distill_round": "art_rlvr.ei.expert",
     "write_round_records": "art_rlvr.ei.files",

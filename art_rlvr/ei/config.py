@@ -1,7 +1,7 @@
 """EIConfig: every knob of an expert-iteration run, validated and frozen.
 
-Imported by `art_rlvr.config` (the CLI validates keys before `import art`), so this module may
-import pydantic and `art_rlvr.llm` (which imports litellm lazily) but nothing heavy.
+Imported by `art_rlvr.config.run_config` (the CLI validates keys before `import art`), so this module may
+import pydantic and `art_rlvr.llm.client` (which imports litellm lazily) but nothing heavy.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
-from art_rlvr.sampling import GroupSize, MaxTokens, Temperature, TopP
-from art_rlvr.scenario import tool_choice_problem
+from art_rlvr.llm.settings import LLMRole, refuse_renamed, role_over_defaults
+from art_rlvr.rollouts.sampling import GroupSize, MaxTokens, Temperature, TopP
+from art_rlvr.scenarios.scenario import tool_choice_problem
 
 if TYPE_CHECKING:
-    from art_rlvr.scenario import Task
+    from art_rlvr.scenarios.scenario import Task
 
 TEACHER_DEFAULTS = {"max_tokens": 256}  # a hint is short
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import art
 
+from art_rlvr.core.outcome import completion_text
 from art_rlvr.ei.config import EIConfig, record_field
+from art_rlvr.ei.data import RoundBuffer
 from art_rlvr.ei.hints import HintOutcome, hinted_prompt, hinted_system, obtain_hint
-from art_rlvr.ei.records import RoundBuffer
 from art_rlvr.ei.relabel import (
     clean_messages,
     clean_opening,
@@ -47,11 +48,10 @@ from art_rlvr.ei.stages import (
     select_solved,
     single_reply,
 )
-from art_rlvr.llm import LLMClient
+from art_rlvr.llm.client import LLMClient
 from art_rlvr.observe import tracing
-from art_rlvr.outcome import completion_text
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_seed
-from art_rlvr.scenario import Scenario, Task, batch_scenarios
+from art_rlvr.scenarios.scenario import Scenario, Task, batch_scenarios
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from art_rlvr.ei.records import RoundBuffer
+from art_rlvr.ei.data import RoundBuffer
 
 if TYPE_CHECKING:
     from art_rlvr.ei.expert import RoundOutput
-    from art_rlvr.runfiles import RunFiles
+    from art_rlvr.rundir.files import RunFiles
 
 HINTS = "ei/hints.jsonl"
 

@@ -3,7 +3,7 @@
 The teacher (any litellm model; with no key, the embedded model through its own endpoint) sees
 the problem as the student saw it, the gold answer, the reference solution where the record has
 one, and the student's failed attempt, and is told to write a short hint without the answer.
-The deterministic leak check (`art_rlvr.leakage`) enforces that: a hint stating the answer in
+The deterministic leak check (`art_rlvr.scenarios.leakage`) enforces that: a hint stating the answer in
 any normalised form is refused and the teacher is asked again, up to `max_hint_attempts`
 replies, after which the scenario is dropped for the round. Hints are bounded by
 `max_hint_chars` (cut at a word boundary). A teacher call that fails after its retries is
@@ -19,12 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.core import Message, Messages
+from art_rlvr.core.types import Message, Messages
 from art_rlvr.ei.config import EIConfig
-from art_rlvr.ei.records import HintAttempt, HintRecord
-from art_rlvr.leakage import leaks, quotes, words
-from art_rlvr.llm import LLMClient, LLMCounters, LLMError, client_for
+from art_rlvr.ei.data import HintAttempt, HintRecord
+from art_rlvr.llm.client import LLMClient, LLMCounters, LLMError, client_for
 from art_rlvr.observe import tracing
+from art_rlvr.scenarios.leakage import leaks, quotes, words
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,7 @@ import art
 from art.types import MessageOrChoice
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.ei.hints import echoes_hint, hinted_prompt, hinted_system
-from art_rlvr.ei.records import DistillExample, Episode, RLGroup
-from art_rlvr.leakage import quotes
-from art_rlvr.outcome import (
+from art_rlvr.core.outcome import (
     art_message,
     art_tools,
     as_message,
@@ -34,8 +31,11 @@ from art_rlvr.outcome import (
     is_sampled,
     turns,
 )
-from art_rlvr.outcome import episode_items as trajectory_items
-from art_rlvr.scenario import Scenario
+from art_rlvr.core.outcome import episode_items as trajectory_items
+from art_rlvr.ei.data import DistillExample, Episode, RLGroup
+from art_rlvr.ei.hints import echoes_hint, hinted_prompt, hinted_system
+from art_rlvr.scenarios.leakage import quotes
+from art_rlvr.scenarios.scenario import Scenario
 
 
 def clean_messages(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, str], ...]:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import art
 
+from art_rlvr.core.outcome import is_correct, is_sampled, turns
+from art_rlvr.core.transcript import episode_text
 from art_rlvr.ei.config import EIConfig, record_field
+from art_rlvr.ei.data import DistillExample, HintRecord, RLGroup, RoundStats
 from art_rlvr.ei.hints import HintOutcome
-from art_rlvr.ei.records import DistillExample, HintRecord, RLGroup, RoundStats
 from art_rlvr.ei.relabel import (
     best_attempts,
     example_from,
@@ -28,9 +30,7 @@ from art_rlvr.ei.relabel import (
     rl_group,
     shared_opening,
 )
-from art_rlvr.outcome import is_correct, is_sampled, turns
-from art_rlvr.scenario import Scenario
-from art_rlvr.transcript import episode_text
+from art_rlvr.scenarios.scenario import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ ATTEMPT_CHARS = 1500
 def attempt_text(trajectory: art.Trajectory) -> str:
     """An attempt as the teacher reads it: the reply of a single-turn rollout, or every turn
     of an episode after its opening (tool calls and results, the environment's replies),
-    trimmed as GEPA's reflection trims it (art_rlvr.transcript: the last and the failing
+    trimmed as GEPA's reflection trims it (art_rlvr.core.transcript: the last and the failing
     turns stay)."""
     return episode_text(turns(trajectory)[len(opening_of(trajectory)) :], ATTEMPT_CHARS).strip()
 

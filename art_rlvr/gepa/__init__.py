@@ -7,7 +7,7 @@ Names resolve lazily: RunConfig imports `GEPAConfig`, and the CLI must be able t
 key before `import art` (~20 s) happens.
 """
 
-from art_rlvr._lazy import lazy_exports
+from art_rlvr.core.lazy import lazy_exports
 
 _EXPORTS = {
     "ARTPromptAdapter": "art_rlvr.gepa.adapter",
@@ -18,12 +18,12 @@ _EXPORTS = {
     "GEPAResult": "art_rlvr.gepa.result",
     "optimize_prompt": "art_rlvr.gepa.optimizer",
     "run_optimizer": "art_rlvr.gepa.optimizer",
-    "Candidate": "art_rlvr.gepa.records",
-    "GEPAState": "art_rlvr.gepa.records",
-    "HistoryEvent": "art_rlvr.gepa.records",
-    "Rejection": "art_rlvr.gepa.records",
-    "RejectionKind": "art_rlvr.gepa.records",
-    "ScenarioEval": "art_rlvr.gepa.records",
+    "Candidate": "art_rlvr.gepa.data",
+    "GEPAState": "art_rlvr.gepa.data",
+    "HistoryEvent": "art_rlvr.gepa.data",
+    "Rejection": "art_rlvr.gepa.data",
+    "RejectionKind": "art_rlvr.gepa.data",
+    "ScenarioEval": "art_rlvr.gepa.data",
     "choose_seed_prompt": "art_rlvr.gepa.start",
 }
 

@@ -9,7 +9,7 @@ Budget: every scored rollout is one metric call. The `EvalStore` (art_rlvr.gepa.
 them, refuses an evaluation that would pass `max_metric_calls` (before running it), and
 journals each result to disk as it lands, so a resumed run finds it instead of paying again.
 
-A rollout is read through the trajectory contract (art_rlvr.outcome): reward, feedback and
+A rollout is read through the trajectory contract (art_rlvr.core.outcome): reward, feedback and
 metrics from `outcome_of`, the scored text from `completion_text`, and the whole episode
 (several assistant turns, tool calls, tool results) from `turns`.
 
@@ -27,13 +27,13 @@ from typing import Any
 import art
 from gepa.core.adapter import EvaluationBatch
 
-from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
+from art_rlvr.core.outcome import completion_text, episode_items, is_sampled, outcome_of, turns
+from art_rlvr.core.text import prompt_hash
+from art_rlvr.gepa.data import RolloutTrace, ScenarioEval
 from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
-from art_rlvr.outcome import completion_text, episode_items, is_sampled, outcome_of, turns
 from art_rlvr.rollouts import SamplingConfig, gather_groups
-from art_rlvr.scenario import Scenario
-from art_rlvr.text import prompt_hash
+from art_rlvr.scenarios.scenario import Scenario
 
 # the store's names, still importable from here (tests/backend/test_backends.py,
 # tests/loops/test_faults.py)

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.llm_settings import LLMRole, refuse_renamed, role_over_defaults
-from art_rlvr.sampling import GroupSize, MaxTokens, Temperature, TopP
+from art_rlvr.llm.settings import LLMRole, refuse_renamed, role_over_defaults
+from art_rlvr.rollouts.sampling import GroupSize, MaxTokens, Temperature, TopP
 
 
 class GEPAConfig(BaseModel):

@@ -36,20 +36,20 @@ from pathlib import Path
 
 import art
 
-from art_rlvr.evaluation import EvalReport, evaluate
+from art_rlvr.eval.evaluate import EvalReport, evaluate
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
+from art_rlvr.gepa.data import GEPAState, HistoryEvent
 from art_rlvr.gepa.pareto import frontier_indices
 from art_rlvr.gepa.propose import ReflectionCalls, Run, journaled_replies, stop
-from art_rlvr.gepa.records import GEPAState, HistoryEvent
 from art_rlvr.gepa.result import GEPAResult
 from art_rlvr.gepa.start import choose_seed_prompt, fingerprint, reopen, split_train
 from art_rlvr.gepa.steps import merge_step, reflective_step, score_starts
 from art_rlvr.gepa.store import EvalStore, GEPAFiles
-from art_rlvr.llm import LLMClient, LLMCounters, client_for
+from art_rlvr.llm.client import LLMClient, LLMCounters, client_for
 from art_rlvr.observe import tracing
 from art_rlvr.rollouts import SamplingConfig, rollout_seed
-from art_rlvr.scenario import Task
+from art_rlvr.scenarios.scenario import Task
 
 __all__ = ["GEPAResult", "make_reflector", "optimize_prompt", "report_prompts", "run_optimizer"]
 

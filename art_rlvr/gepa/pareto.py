@@ -8,7 +8,7 @@ import random
 
 from gepa.gepa_utils import find_dominator_programs, select_program_candidate_from_pareto_front
 
-from art_rlvr.gepa.records import GEPAState
+from art_rlvr.gepa.data import GEPAState
 
 
 def front_mapping(state: GEPAState) -> dict[str, set[int]]:

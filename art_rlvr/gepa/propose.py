@@ -14,11 +14,11 @@ from typing import Any
 
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.gepa.records import Candidate, GEPAState, HistoryEvent, Rejection
+from art_rlvr.gepa.data import Candidate, GEPAState, HistoryEvent, Rejection
 from art_rlvr.gepa.reflection import check_proposal, normalize
 from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.llm import LLMClient, LLMCounters, LLMError, LLMReply
-from art_rlvr.scenario import Scenario
+from art_rlvr.llm.client import LLMClient, LLMCounters, LLMError, LLMReply
+from art_rlvr.scenarios.scenario import Scenario
 
 log = logging.getLogger(__name__)
 

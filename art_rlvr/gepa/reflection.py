@@ -16,10 +16,10 @@ from typing import Any
 from gepa.strategies.instruction_proposal import InstructionProposalSignature
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.gepa.records import Rejection, RejectionKind, RolloutTrace, ScenarioEval
-from art_rlvr.leakage import leaked_answers
-from art_rlvr.scenario import Scenario
-from art_rlvr.transcript import episode_text
+from art_rlvr.core.transcript import episode_text
+from art_rlvr.gepa.data import Rejection, RejectionKind, RolloutTrace, ScenarioEval
+from art_rlvr.scenarios.leakage import leaked_answers
+from art_rlvr.scenarios.scenario import Scenario
 
 # gepa 0.1.4's default reflection prompt, plus our rules and the rejected proposals
 REFLECTION_TEMPLATE = "\n\n".join(
@@ -69,7 +69,7 @@ def normalize(prompt: str) -> str:
 
 def shown_output(rollout: RolloutTrace, max_chars: int | None = None) -> str:
     """What the reflection LM sees of a rollout: its whole episode when one was recorded,
-    trimmed to `max_chars` (art_rlvr.transcript says which turns stay)."""
+    trimmed to `max_chars` (art_rlvr.core.transcript says which turns stay)."""
     return episode_text(rollout.episode, max_chars) if rollout.episode else rollout.output
 
 

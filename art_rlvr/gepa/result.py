@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.gepa.records import Candidate, HistoryEvent
+from art_rlvr.gepa.data import Candidate, HistoryEvent
 
 
 class GEPAResult(BaseModel):

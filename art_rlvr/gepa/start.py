@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from art_rlvr.gepa.config import GEPAConfig
-from art_rlvr.gepa.records import GEPAState
+from art_rlvr.gepa.data import GEPAState
 
 if TYPE_CHECKING:
-    from art_rlvr.scenario import Scenario, Task
+    from art_rlvr.scenarios.scenario import Scenario, Task
 
 # fields that shape the search; the budget, iteration cap, report and reflection transport may
 # change between a run and its resume

@@ -13,22 +13,22 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
-from art_rlvr.gepa.propose import Run, propose, stop
-from art_rlvr.gepa.records import (
+from art_rlvr.gepa.data import (
     Candidate,
     GEPAState,
     Rejection,
     RejectionKind,
     ScenarioEval,
 )
+from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
+from art_rlvr.gepa.propose import Run, propose, stop
 from art_rlvr.gepa.reflection import (
     gold_answers_for_leak_check,
     merge_messages,
     reflection_messages,
     reflective_records,
 )
-from art_rlvr.scenario import Scenario, batch_scenarios
+from art_rlvr.scenarios.scenario import Scenario, batch_scenarios
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from art_rlvr.core.text import prompt_hash
+from art_rlvr.gepa.data import GEPAState, ScenarioEval
 from art_rlvr.gepa.pareto import frontier_indices
-from art_rlvr.gepa.records import GEPAState, ScenarioEval
-from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
-from art_rlvr.text import prompt_hash
+from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
 
 if TYPE_CHECKING:
     from art_rlvr.gepa.result import GEPAResult
-    from art_rlvr.scenario import Scenario
+    from art_rlvr.scenarios.scenario import Scenario
 
 
 class BudgetExceeded(RuntimeError):

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import art
 
-from art_rlvr.evaluation import EvalReport, SampledReport, evaluate
-from art_rlvr.mixture import Mixture
+from art_rlvr.core.outcome import is_correct
+from art_rlvr.eval.evaluate import EvalReport, SampledReport, evaluate
 from art_rlvr.observe.clock import cpu_seconds
-from art_rlvr.outcome import is_correct
-from art_rlvr.records import EvalEvent, episode_means
 from art_rlvr.rollouts import SamplingConfig
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.scenario import Scenario, Task
+from art_rlvr.rundir.events import EvalEvent, episode_means
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.scenarios.mixture import Mixture
+from art_rlvr.scenarios.scenario import Scenario, Task
 
 if TYPE_CHECKING:
-    from art_rlvr.config import RunConfig
+    from art_rlvr.config.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,16 +21,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from art_rlvr import text
+from art_rlvr.core import text
 from art_rlvr.ei.config import EIConfig, start_problem
+from art_rlvr.ei.data import EIState, RoundBuffer
 from art_rlvr.ei.expert import collect_round, distill_round
 from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
-from art_rlvr.ei.records import EIState, RoundBuffer
-from art_rlvr.llm import LLMClient, LLMCounters
+from art_rlvr.llm.client import LLMClient, LLMCounters
 from art_rlvr.loops.context import RunContext, clocks, eval_due, one_task, run_eval
-from art_rlvr.records import EIRoundEvent
-from art_rlvr.runfiles import StateFileError
+from art_rlvr.rundir.events import EIRoundEvent
+from art_rlvr.rundir.files import StateFileError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `mode=eval` is this phase alone (of the run's own model, or of an external `policy.model`); in
 a list of phases it scores the weights and prompt as they are at that point. Its journal is
-`evals/val_<step>/` (art_rlvr.eval_run), so a killed evaluation resumes where it stopped.
+`evals/val_<step>/` (art_rlvr.eval.journal), so a killed evaluation resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from art_rlvr.config_keys import ConfigError
-from art_rlvr.mixture import Mixture
+from art_rlvr.config.keys import ConfigError
 from art_rlvr.observe.clock import cpu_seconds
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.scenario import Task
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.scenarios.mixture import Mixture
+from art_rlvr.scenarios.scenario import Task
 
 if TYPE_CHECKING:
-    from art_rlvr.config import RunConfig
+    from art_rlvr.config.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ async def sampled_eval(
 ) -> dict[str, Any]:
     """`eval_samples` rollouts per val item (greedy by default) under `system_prompt`, pass@k
     and pass^k, of the run's own model or an external policy (`policy.model`), resumable from
-    evals/val_<step>/ (art_rlvr.eval_run); logged to metrics.jsonl and trajectories/val_<step>."""
-    from art_rlvr.eval_run import eval_folder, evaluate_resumable, plan_for
+    evals/val_<step>/ (art_rlvr.eval.journal); logged to metrics.jsonl and trajectories/val_<step>."""
+    from art_rlvr.eval.journal import eval_folder, evaluate_resumable, plan_for
     from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
     from art_rlvr.rollouts import SamplingConfig
 
@@ -112,8 +112,8 @@ async def sampled_eval(
 
 def policy_spent(model: Any) -> Any:
     """An external litellm policy's running spending, as the evaluation journals it."""
-    from art_rlvr.eval_run import Spent
-    from art_rlvr.policy import spent
+    from art_rlvr.eval.journal import Spent
+    from art_rlvr.eval.policy import spent
 
     usage = spent(model)
     return None if usage is None else Spent.model_validate(usage, from_attributes=True)

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from art_rlvr.gepa.config import GEPAConfig
+from art_rlvr.gepa.data import HistoryEvent
 from art_rlvr.gepa.optimizer import run_optimizer
-from art_rlvr.gepa.records import HistoryEvent
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext, clocks, one_task
 from art_rlvr.observe.clock import cpu_seconds
-from art_rlvr.records import GepaEvent
+from art_rlvr.rundir.events import GepaEvent
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.text import did_you_mean
+from art_rlvr.core.text import did_you_mean
 
 PhaseKind = Literal["eval", "rl", "gepa", "ei"]
 KINDS: tuple[PhaseKind, ...] = get_args(PhaseKind)

@@ -18,14 +18,14 @@ from typing import Any
 import art
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.core import LrSchedule
+from art_rlvr.core.text import prompt_hash
+from art_rlvr.core.types import LrSchedule
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
-from art_rlvr.records import AlarmEvent, TrainEvent
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed, trainable
-from art_rlvr.stored import read_groups
-from art_rlvr.text import prompt_hash
+from art_rlvr.rundir.events import AlarmEvent, TrainEvent
+from art_rlvr.rundir.stored import read_groups
 
 log = logging.getLogger(__name__)
 

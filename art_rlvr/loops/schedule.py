@@ -31,14 +31,14 @@ from typing import Any
 
 from pydantic import Field
 
-from art_rlvr.ei.records import RoundBuffer
+from art_rlvr.core.text import excerpt
+from art_rlvr.ei.data import RoundBuffer
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.loops.context import RunContext, one_task, run_eval
 from art_rlvr.loops.plan import Phase, spell
 from art_rlvr.loops.rl import STATE, StateModel, TrainState, spend, train_until
-from art_rlvr.records import PromptChangeEvent
-from art_rlvr.runfiles import StateFileError
-from art_rlvr.text import excerpt
+from art_rlvr.rundir.events import PromptChangeEvent
+from art_rlvr.rundir.files import StateFileError
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from art_rlvr.outcome import completion_text, feedback_of
-from art_rlvr.text import prompt_hash
+from art_rlvr.core.outcome import completion_text, feedback_of
+from art_rlvr.core.text import prompt_hash
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from art_rlvr.report.build import write_report
-from art_rlvr.runfolder import RunFolderError
+from art_rlvr.rundir.reader import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,8 @@ from typing import Any
 
 from art_rlvr.report.markup import clip, esc, num, section
 from art_rlvr.report.samples import episode_counts, episode_lines
-from art_rlvr.runfolder import Rollout, RunFolder
-from art_rlvr.stored import Message
+from art_rlvr.rundir.reader import Rollout, RunFolder
+from art_rlvr.rundir.stored import Message
 
 PAGE_SIZE = 50  # rollouts listed at a time ("show more" adds as many)
 

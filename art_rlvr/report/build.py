@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent, episode_means
 from art_rlvr.report import plots
 from art_rlvr.report.page import document
-from art_rlvr.runfolder import RunFolder, read_run_folder
+from art_rlvr.rundir.events import EIRoundEvent, EvalEvent, TrainEvent, episode_means
+from art_rlvr.rundir.reader import RunFolder, read_run_folder
 
 
 def figures(run: RunFolder) -> dict[str, bytes]:

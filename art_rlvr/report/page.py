@@ -9,14 +9,14 @@ import json
 import re
 from typing import Any
 
-from art_rlvr.config import MODE_TITLES
-from art_rlvr.records import EIRoundEvent, EvalEvent, TrainEvent
+from art_rlvr.config.run_config import MODE_TITLES
 from art_rlvr.report.browser import browser_section
 from art_rlvr.report.markup import details, duration, esc, num, pre, section, table
 from art_rlvr.report.prompts import prompt_section
 from art_rlvr.report.samples import system_prompt, trajectory_section
 from art_rlvr.report.style import CSS
-from art_rlvr.runfolder import RunFolder
+from art_rlvr.rundir.events import EIRoundEvent, EvalEvent, TrainEvent
+from art_rlvr.rundir.reader import RunFolder
 
 COMMON_KEYS = ("scenario", "seed", "base_model", "backend", "system_prompt", "max_tokens")
 RL_KEYS = ("groups_per_batch", "group_size", "learning_rate", "loss_fn", "lora_rank", "temperature")

@@ -12,8 +12,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from art_rlvr.records import EIRoundEvent, EvalEvent, Event, TrainEvent
-from art_rlvr.runfolder import Proposal
+from art_rlvr.rundir.events import EIRoundEvent, EvalEvent, Event, TrainEvent
+from art_rlvr.rundir.reader import Proposal
 
 GREEN, RED, GREY, BLUE, ORANGE = "#2e7d32", "#c62828", "#9e9e9e", "#1565c0", "#ef6c00"
 EPISODE_PANELS = (

@@ -8,9 +8,9 @@ import difflib
 import re
 from collections import Counter
 
-from art_rlvr.records import PromptChangeEvent
 from art_rlvr.report.markup import details, esc, num, pre, section, table
-from art_rlvr.runfolder import GepaPhase, Proposal, RunFolder
+from art_rlvr.rundir.events import PromptChangeEvent
+from art_rlvr.rundir.reader import GepaPhase, Proposal, RunFolder
 
 
 def _words(text: str) -> list[str]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from art_rlvr.records import EvalEvent
 from art_rlvr.report.markup import details, esc, num, pre, section, slug
-from art_rlvr.runfolder import RunFolder, TrajectoryFile
-from art_rlvr.stored import Message, StoredTrajectory
+from art_rlvr.rundir.events import EvalEvent
+from art_rlvr.rundir.reader import RunFolder, TrajectoryFile
+from art_rlvr.rundir.stored import Message, StoredTrajectory
 
 MAX_TRAIN_FILES = 60  # a long run shows an even spread of its steps, first and last included
 MAX_EVAL_FILES = 30

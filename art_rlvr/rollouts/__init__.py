@@ -16,8 +16,9 @@ from typing import Any
 
 import art
 
+from art_rlvr.core.outcome import attach_outcome, completion_text
+from art_rlvr.core.text import prompt_hash
 from art_rlvr.observe import tracing
-from art_rlvr.outcome import attach_outcome, completion_text
 from art_rlvr.rollouts.functions import (
     ROLLOUT_ERROR,
     RolloutContext,
@@ -28,9 +29,8 @@ from art_rlvr.rollouts.functions import (
     trainable,
 )
 from art_rlvr.rollouts.loop import run_episode
-from art_rlvr.sampling import SamplingConfig, rollout_seed
-from art_rlvr.scenario import Scenario
-from art_rlvr.text import prompt_hash
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
+from art_rlvr.scenarios.scenario import Scenario
 
 
 def about(scenario: Scenario, system_prompt: str, extra: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A user's ART rollout function, run on one record and scored by the reward it set.
 
 A scenario with a `[rollout]` function (`async def rollout(model, record[, context])`, loaded
-and checked by `art_rlvr.environments.rollout_fn`) runs that function instead of the episode
+and checked by `art_rlvr.scenarios.environments.rollout_fn`) runs that function instead of the episode
 loop: it builds its own messages and sets its own reward, inside ART's capture scope. Its reward is
 ART's: any finite number (ART takes advantages within a group); without a `correct` metric, a
 reward at or above the scenario's `correct_threshold` (1 by default) is correct. A function
@@ -25,9 +25,7 @@ from typing import Any
 import art
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.environments.rollout_fn import RolloutFailed, RolloutFunction
-from art_rlvr.outcome import attach_outcome, feedback_of, is_sampled
-from art_rlvr.records import RolloutsFailed
+from art_rlvr.core.outcome import attach_outcome, feedback_of, is_sampled
 from art_rlvr.rollouts.prompted import (
     PromptingClient,
     as_sent,
@@ -35,8 +33,10 @@ from art_rlvr.rollouts.prompted import (
     sent_problem,
     sent_summary,
 )
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import Scenario
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.events import RolloutsFailed
+from art_rlvr.scenarios.environments.rollout_fn import RolloutFailed, RolloutFunction
+from art_rlvr.scenarios.scenario import Scenario
 
 log = logging.getLogger(__name__)
 

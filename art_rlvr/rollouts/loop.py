@@ -2,14 +2,14 @@
 
 Every rollout runs here: a scenario's record (single-turn or an environment's episode), a
 hinted expert-iteration attempt, a GEPA or evaluation rollout, a verifiers environment's harness.
-An `Episode` (art_rlvr.core) is the record bound: the opening messages, the tools, `respond`
+An `Episode` (art_rlvr.core.types) is the record bound: the opening messages, the tools, `respond`
 and `reward` over the messages so far. It talks only through `model.openai_client()` and
 `model.get_inference_name()`, the way ART's own agent examples do: each turn sends
 `trajectory.messages()` (ART's rendering of the history) and appends the sampled `Choice` itself
 to `trajectory.messages_and_choices`, so every assistant turn keeps the token ids and logprobs
 that training needs.
 
-The loop: sample a turn; run its tool calls in order (art_rlvr.tools: every failure is a
+The loop: sample a turn; run its tool calls in order (art_rlvr.rollouts.tools: every failure is a
 message to the model, never an exception); ask `respond`. It goes on while the turn called
 tools or `respond` sent messages, unless it says done, and stops at `max_turns` sampled turns
 (`turn_cap_hit` = 1: a model that never stops calling tools). Then `reward` judges the episode.
@@ -31,12 +31,11 @@ import art
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
-from art_rlvr.core import Episode, Reply, Score
+from art_rlvr.core.outcome import art_message, art_tools, attach_outcome, turns
+from art_rlvr.core.types import Episode, Reply, Score
 from art_rlvr.observe import tracing
-from art_rlvr.outcome import art_message, art_tools, attach_outcome, turns
-from art_rlvr.rewards.base import RewardTypeError, as_score
-from art_rlvr.sampling import SamplingConfig, rollout_seed
-from art_rlvr.tools import (
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
+from art_rlvr.rollouts.tools import (
     CallbackError,
     Tool,
     ToolCallResult,
@@ -46,6 +45,7 @@ from art_rlvr.tools import (
     tool,
     tool_choice_param,
 )
+from art_rlvr.scenarios.rewards.base import RewardTypeError, as_score
 
 LOG_CHARS = 4000
 

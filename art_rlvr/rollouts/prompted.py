@@ -21,7 +21,7 @@ import art
 import httpx
 import openai
 
-from art_rlvr.outcome import is_sampled
+from art_rlvr.core.outcome import is_sampled
 
 How = Literal["replaced", "inserted"]
 PROMPTING = (

@@ -27,7 +27,7 @@ from art_rlvr.backends import (
     check_requirements,
     missing_requirements,
 )
-from art_rlvr.config import ConfigError, RunConfig, parse_args
+from art_rlvr.config.run_config import ConfigError, RunConfig, parse_args
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round, distill_round, score_reliance
 from art_rlvr.ei.hints import hinted_prompt
@@ -36,7 +36,7 @@ from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState, train_until
 from art_rlvr.rollouts import SamplingConfig
-from art_rlvr.runfiles import RunFiles
+from art_rlvr.rundir.files import RunFiles
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 KEYS = ("WANDB_API_KEY", "TINKER_API_KEY")

@@ -15,9 +15,18 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.backend import train as T
-from art_rlvr.config import ConfigError, parse_args
-from art_rlvr.core import Episode, Messages, Reply
+from art_rlvr.config.run_config import ConfigError, parse_args
+from art_rlvr.core.outcome import attach_outcome, feedback_of, is_correct, is_sampled, turns
+from art_rlvr.core.types import Episode, Messages, Reply
 from art_rlvr.ei.config import EIConfig
+from art_rlvr.ei.data import (
+    DistillExample,
+    EIState,
+    HintRecord,
+    RLGroup,
+    RoundBuffer,
+    RoundStats,
+)
 from art_rlvr.ei.expert import RoundOutput, hinted_group, sft_trajectories
 from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import (
@@ -29,14 +38,6 @@ from art_rlvr.ei.hints import (
     make_teacher,
     obtain_hint,
 )
-from art_rlvr.ei.records import (
-    DistillExample,
-    EIState,
-    HintRecord,
-    RLGroup,
-    RoundBuffer,
-    RoundStats,
-)
 from art_rlvr.ei.relabel import (
     clean_messages,
     example_from,
@@ -47,12 +48,11 @@ from art_rlvr.ei.relabel import (
     rl_group,
 )
 from art_rlvr.ei.stages import Hinted, relabel_hinted
-from art_rlvr.llm import LLMCounters, LLMError
+from art_rlvr.llm.client import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
-from art_rlvr.outcome import attach_outcome, feedback_of, is_correct, is_sampled, turns
 from art_rlvr.rollouts import SamplingConfig, run_episode
-from art_rlvr.runfiles import RunFiles
+from art_rlvr.rundir.files import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-ei-teacher-secret-0451"
@@ -269,7 +269,7 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
     (sample,), _ = T.sft_samples([sft], tok, assistant_turns="last")
     prompt_len = sample.loss_mask.index(True)
     assert sample.input_ids[:prompt_len] == T.render_prompt(tok, clean)
-    from art_rlvr.ei.records import RLGroup
+    from art_rlvr.ei.data import RLGroup
 
     rl = relabel_for_rl(
         RLGroup(
@@ -587,7 +587,7 @@ async def test_other_settings_in_the_same_folder_are_refused(
 def test_teacher_needs_the_answer_field(tmp_path: Path) -> None:
     cfg = EIConfig(enable_teacher_hints=True, answer_field="gold")
     from art_rlvr.loops.ei import check_records
-    from art_rlvr.scenario import load_task
+    from art_rlvr.scenarios.scenario import load_task
 
     ctx = RunContext(parse_args(["mode=ei"]), load_task("arith"), None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="answer_field='gold' is not a field of arith"):
@@ -607,7 +607,7 @@ def test_teacher_needs_the_answer_field(tmp_path: Path) -> None:
 )
 def test_search_tool_choice_must_fit_the_scenario(scenario, choice, message) -> None:
     from art_rlvr.loops.ei import check_records
-    from art_rlvr.scenario import load_task
+    from art_rlvr.scenarios.scenario import load_task
 
     cfg = EIConfig(search_tool_choice=choice)
     ctx = RunContext(parse_args(["mode=ei"]), load_task(scenario), None, None, None, 0.0)  # type: ignore[arg-type]
@@ -668,8 +668,8 @@ def test_cli_ei_survives_sigkill_and_resumes(tmp_path: Path) -> None:
 
 
 async def test_rl_distillation_trains_on_contrast_groups_only(make_model, backend, task) -> None:
+    from art_rlvr.ei.data import RLGroup, RoundStats
     from art_rlvr.ei.expert import distill_round
-    from art_rlvr.ei.records import RLGroup, RoundStats
 
     model = await make_model("eirl")
     scenario = task.splits["train"][1]

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from art_rlvr.leakage import answer_forms, answer_value, leaked_answers, leaks, quotes
+from art_rlvr.scenarios.leakage import answer_forms, answer_value, leaked_answers, leaks, quotes
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,13 @@ import art
 import pytest
 
 from art_rlvr.backend import train as T
+from art_rlvr.core.outcome import turns
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round
 from art_rlvr.ei.hints import HINT_PREFIX, make_teacher
 from art_rlvr.ei.relabel import clean_messages, hint_leaks, message_text, relabel
-from art_rlvr.llm import LLMCounters
-from art_rlvr.outcome import turns
-from art_rlvr.scenario import batch_scenarios, load_task
+from art_rlvr.llm.client import LLMCounters
+from art_rlvr.scenarios.scenario import batch_scenarios, load_task
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-ei-episodes-teacher-7731"

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from art_rlvr.engines import skyrl
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
 # Each test runs one to three whole runs (one took 404 s idle, two to three times that under

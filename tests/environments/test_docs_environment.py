@@ -12,8 +12,8 @@ import art
 import pytest
 
 from art_rlvr.rollouts import rollout
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import Task, load_task
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import Task, load_task
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scenarios.md"

@@ -13,10 +13,14 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import load_task
-from art_rlvr.environments.arith_retry import ArithRetry
-from art_rlvr.environments.calc import calculator, multiply
-from art_rlvr.environments.calc import environment as calc_environment
-from art_rlvr.environments.tictactoe import (
+from art_rlvr.core.outcome import feedback_of, is_correct, turns
+from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.loops.context import group_metrics
+from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.scenarios.environments.arith_retry import ArithRetry
+from art_rlvr.scenarios.environments.calc import calculator, multiply
+from art_rlvr.scenarios.environments.calc import environment as calc_environment
+from art_rlvr.scenarios.environments.tictactoe import (
     Game,
     TicTacToe,
     finished,
@@ -24,11 +28,7 @@ from art_rlvr.environments.tictactoe import (
     parse_move,
     render,
 )
-from art_rlvr.gepa.adapter import scenario_eval
-from art_rlvr.loops.context import group_metrics
-from art_rlvr.outcome import feedback_of, is_correct, turns
-from art_rlvr.rollouts import SamplingConfig, rollout
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 
@@ -252,8 +252,8 @@ def test_calc_offers_the_tool_it_is_configured_with(params: dict, name: str) -> 
 FAULTY = """
 import asyncio
 import time
-from art_rlvr.environments import Environment, Reply
-from art_rlvr.rewards import Score
+from art_rlvr.scenarios.environments import Environment, Reply
+from art_rlvr.scenarios.rewards import Score
 
 def make(mode: str, reward: str = "ok") -> Environment:
     def respond(x, episode):
@@ -406,8 +406,11 @@ async def test_sampling_overrides_the_scenarios_tool_choice(override, first) -> 
         ('name = "tictactoe"\nmax_turns = 0\n', ":8: field 'environment.max_turns'"),
         ('name = "tictactoe"\nsurprise = 1\n', ":8: field 'environment.surprise'"),
         ('name = "no_such_module_xyz:make"\n', ":7: cannot import 'no_such_module_xyz'"),
-        ('name = "art_rlvr.environments.calc:nope"\n', ":7: 'art_rlvr.environments.calc' has no"),
-        ('name = "art_rlvr.environments:Reply"\n', ":7: environment factory"),
+        (
+            'name = "art_rlvr.scenarios.environments.calc:nope"\n',
+            ":7: 'art_rlvr.scenarios.environments.calc' has no",
+        ),
+        ('name = "art_rlvr.scenarios.environments:Reply"\n', ":7: environment factory"),
         ('name = "calc"\ntool_choice = "divide"\n', ":8: tool_choice 'divide' is not auto"),
         ('name = "arith_retry"\ntool_choice = "multiply"\n', ":8: tool_choice 'multiply' is not"),
     ],

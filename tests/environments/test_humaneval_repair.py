@@ -14,9 +14,9 @@ import art
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.outcome import feedback_of
+from art_rlvr.core.outcome import feedback_of
 from art_rlvr.rollouts import rollout
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
 
 BUILTIN = Path(__file__).resolve().parents[2] / "scenarios" / "humaneval_repair.toml"

@@ -25,21 +25,21 @@ from typing import Any
 import mcp_types
 import pytest
 
-from art_rlvr.core import Episode
-from art_rlvr.environments.mcp_tools import (
+from art_rlvr.core.outcome import turns
+from art_rlvr.core.types import Episode
+from art_rlvr.rollouts import rollout, run_episode
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rollouts.tools import call_tool, tool
+from art_rlvr.rundir.stored import read_trajectories
+from art_rlvr.scenarios.environments.mcp_tools import (
     McpServer,
     McpServerSpec,
     schema_problem,
     servers_of,
 )
-from art_rlvr.outcome import turns
-from art_rlvr.rollouts import rollout, run_episode
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import load_task
-from art_rlvr.sources import ScenarioFileError
-from art_rlvr.stored import read_trajectories
+from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
-from art_rlvr.tools import call_tool, tool
 
 SERVER = Path(__file__).parents[1] / "scripts" / "mcp_server.py"
 STDIO = (sys.executable, str(SERVER))

@@ -14,10 +14,10 @@ import art
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.environments.qa_search import Corpus, read_corpus, shipped, shown_ids
-from art_rlvr.outcome import feedback_of, turns
+from art_rlvr.core.outcome import feedback_of, turns
 from art_rlvr.rollouts import rollout
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.scenarios.environments.qa_search import Corpus, read_corpus, shipped, shown_ids
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
 
 DATA = Path(__file__).resolve().parents[2] / "scenarios" / "data"

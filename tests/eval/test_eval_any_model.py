@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from clirun import base_env, cli
 
-from art_rlvr.evaluation import mean_pass_at_k, pass_at_k
-from art_rlvr.records import EvalEvent, RunSummary, parse_events
-from art_rlvr.scenario import load_task
-from art_rlvr.stored import read_trajectories
+from art_rlvr.eval.evaluate import mean_pass_at_k, pass_at_k
+from art_rlvr.rundir.events import EvalEvent, RunSummary, parse_events
+from art_rlvr.rundir.stored import read_trajectories
+from art_rlvr.scenarios.scenario import load_task
 from art_rlvr.testing.scripted_server import Recorded, ScriptedServer, Step
 
 KEY = "sk-test-3f9a1c77e2b04d"  # only ever in the environment of the run
@@ -308,10 +308,10 @@ async def test_the_embedded_model_gets_pass_at_k_too(task, model, tmp_path: Path
     """`mode=eval eval_samples=n` without a policy samples the run's own model n times."""
     import time
 
-    from art_rlvr.config import parse_args
+    from art_rlvr.config.run_config import parse_args
     from art_rlvr.loops.context import RunContext
     from art_rlvr.loops.runner import run_phases
-    from art_rlvr.runfiles import RunFiles
+    from art_rlvr.rundir.files import RunFiles
 
     words = ["mode=eval", "eval_samples=3", "eval_temperature=1.0", "val_limit=2", "max_tokens=4"]
     cfg = parse_args([*words, f"run_dir={tmp_path}"])

@@ -24,15 +24,15 @@ import pytest
 from clirun import base_env, cli
 from test_eval_any_model import ITEMS, N, external_args
 
-from art_rlvr.eval_run import EvalPlan, evaluate_resumable, plan_for
-from art_rlvr.evaluation import mean_pass_all_k, mean_pass_at_k, pass_all_k, pass_at_k
+from art_rlvr.eval.evaluate import mean_pass_all_k, mean_pass_at_k, pass_all_k, pass_at_k
+from art_rlvr.eval.journal import EvalPlan, evaluate_resumable, plan_for
 from art_rlvr.export_dataset import main as export_main
-from art_rlvr.records import RunSummary
 from art_rlvr.rollouts import rollout_seed
-from art_rlvr.runfiles import StateFileError
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import Scenario, load_task
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.events import RunSummary
+from art_rlvr.rundir.files import StateFileError
+from art_rlvr.rundir.stored import read_trajectories
+from art_rlvr.scenarios.scenario import Scenario, load_task
 from art_rlvr.testing import ScriptedServer, Step
 
 SEED = 0  # ITEMS items x N samples, as test_eval_any_model's runs

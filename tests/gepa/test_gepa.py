@@ -19,7 +19,9 @@ import art
 import pytest
 from gepa.core.adapter import EvaluationBatch
 
-from art_rlvr.core import Episode
+from art_rlvr.core.outcome import attach_outcome
+from art_rlvr.core.text import prompt_hash
+from art_rlvr.core.types import Episode
 from art_rlvr.gepa import (
     ARTPromptAdapter,
     BudgetExceeded,
@@ -34,8 +36,8 @@ from art_rlvr.gepa import (
     optimize_prompt,
 )
 from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.gepa.data import HistoryEvent, RejectionKind, RolloutTrace
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
-from art_rlvr.gepa.records import HistoryEvent, RejectionKind, RolloutTrace
 from art_rlvr.gepa.reflection import (
     check_proposal,
     episode_text,
@@ -46,11 +48,9 @@ from art_rlvr.gepa.reflection import (
     reflective_records,
 )
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
-from art_rlvr.outcome import attach_outcome
 from art_rlvr.rollouts import SamplingConfig, run_episode
-from art_rlvr.scenario import batch_scenarios
+from art_rlvr.scenarios.scenario import batch_scenarios
 from art_rlvr.testing import ScriptedServer, Step
-from art_rlvr.text import prompt_hash
 
 KEY = "sk-gepa-secret-do-not-write-0815"
 SEED = "Answer the question."
@@ -356,7 +356,7 @@ async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, task) 
     """gepa.optimize itself (synchronous, in a thread) with our adapter and litellm client."""
     import gepa
 
-    from art_rlvr.llm import LLMClient, LLMRole
+    from art_rlvr.llm.client import LLMClient, LLMRole
 
     train = task.splits["train"]
     store = EvalStore(10_000, Journal(None))

@@ -1,6 +1,6 @@
 """What GEPA's reflection LM is shown (`gepa.reflection`): whole `arith_retry` episodes (every
 turn, the environment's replies, reward and feedback), trimmed to a character budget
-(`art_rlvr.transcript`, tested in tests/test_transcript.py); single-turn rows keep their old
+(`art_rlvr.core.transcript`, tested in tests/test_transcript.py); single-turn rows keep their old
 form. Episodes are real: a scripted policy (or the embedded model) on loopback, through the
 scenario's environment."""
 
@@ -11,19 +11,19 @@ import re
 import art
 import pytest
 
-from art_rlvr.gepa import GEPAConfig, optimize_prompt
-from art_rlvr.gepa.adapter import ARTPromptAdapter, scenario_eval
-from art_rlvr.gepa.records import RolloutTrace, ScenarioEval
-from art_rlvr.gepa.reflection import reflective_records
-from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.rollouts import SamplingConfig, rollout
-from art_rlvr.scenario import load_task
-from art_rlvr.testing import ScriptedServer, Step
-from art_rlvr.transcript import (
+from art_rlvr.core.transcript import (
     episode_text,
     message_text,
     split_turns,
 )
+from art_rlvr.gepa import GEPAConfig, optimize_prompt
+from art_rlvr.gepa.adapter import ARTPromptAdapter, scenario_eval
+from art_rlvr.gepa.data import RolloutTrace, ScenarioEval
+from art_rlvr.gepa.reflection import reflective_records
+from art_rlvr.gepa.store import EvalStore, Journal
+from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-gepa-episodes-0917"
 SEED = "Answer the question."

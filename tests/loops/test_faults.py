@@ -15,19 +15,19 @@ import httpx
 import openai
 import pytest
 
-from art_rlvr.config import parse_args
-from art_rlvr.evaluation import evaluate
+from art_rlvr.config.run_config import parse_args
+from art_rlvr.core.outcome import feedback_of
+from art_rlvr.eval.evaluate import evaluate
 from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState
 from art_rlvr.loops.runner import run_phases
 from art_rlvr.loops.schedule import ScheduleState
-from art_rlvr.outcome import feedback_of
-from art_rlvr.records import RolloutsFailed
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
-from art_rlvr.runfiles import RunFiles, StateFileError, drop_torn_tail
-from art_rlvr.runfolder import read_run_folder
-from art_rlvr.scenario import Scenario
+from art_rlvr.rundir.events import RolloutsFailed
+from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
+from art_rlvr.rundir.reader import read_run_folder
+from art_rlvr.scenarios.scenario import Scenario
 from art_rlvr.testing import ScriptedServer, Step
 
 EI_STATE = '{"version": 1, "fingerprint": "0123abcd", "round": 2}'

@@ -23,8 +23,8 @@ import art
 import pyarrow.parquet as pq
 import pytest
 
-from art_rlvr.records import EvalEvent, TrainEvent
-from art_rlvr.runfiles import LEDGER, RunFiles
+from art_rlvr.rundir.events import EvalEvent, TrainEvent
+from art_rlvr.rundir.files import LEDGER, RunFiles
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "kill_at.py"
 RUN = ["scenario=arith", "mode=rl", "n_batches=1", "eval_every=1", "val_limit=2",

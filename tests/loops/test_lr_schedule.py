@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from art_rlvr.config import RunConfig
+from art_rlvr.config.run_config import RunConfig
 from art_rlvr.loops.rl import scheduled_lr
 
 

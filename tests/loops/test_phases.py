@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.config import ConfigError, parse_args
-from art_rlvr.config_reference import PRESETS
+from art_rlvr.config.reference import PRESETS
+from art_rlvr.config.run_config import ConfigError, parse_args
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import parse_phases, spell
 from art_rlvr.loops.schedule import resumed_state
-from art_rlvr.records import RunSummary
 from art_rlvr.run import override_line, start_line, summary_lines
-from art_rlvr.runfiles import RunFiles, StateFileError
-from art_rlvr.scenario import load_task
+from art_rlvr.rundir.events import RunSummary
+from art_rlvr.rundir.files import RunFiles, StateFileError
+from art_rlvr.scenarios.scenario import load_task
 
 
 @pytest.mark.parametrize(

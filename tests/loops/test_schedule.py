@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from art_rlvr.config import parse_args
+from art_rlvr.config.run_config import parse_args
+from art_rlvr.core.text import prompt_hash
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import plan
 from art_rlvr.loops.runner import run_phases
 from art_rlvr.loops.schedule import run_schedule
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.stored import read_trajectories
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.testing import ScriptedServer, Step
-from art_rlvr.text import prompt_hash
 
 KEY = "sk-schedule-test"
 SEED = "Answer the question."  # greedy val 0.21 vs 0.38 for GOOD (n=100, README)

@@ -13,8 +13,8 @@ import pytest
 
 from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.observe.tracing import setup_weave, tracing_active
-from art_rlvr.records import RunSummary
 from art_rlvr.run import summary_lines
+from art_rlvr.rundir.events import RunSummary
 from art_rlvr.testing import ScriptedServer, Step
 from art_rlvr.testing.trace_server import RecordingTraceServer
 
@@ -262,7 +262,7 @@ def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path
 OFFLINE = """
 import asyncio
 from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.scenario import load_task
+from art_rlvr.scenarios.scenario import load_task
 assert setup_weave("ent/proj", offline=True)
 scenario = load_task("arith").splits["val"][0]
 asyncio.run(scenario.score(str(scenario.x["answer"])))

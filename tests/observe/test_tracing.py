@@ -23,8 +23,8 @@ import asyncio, json
 import art
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.rollouts import rollout
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import load_task
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import load_task
 from art_rlvr.testing import ScriptedServer, Step
 
 def model(server):

@@ -25,13 +25,13 @@ import pytest
 from test_report import PNG_MAGIC, Dom, browse, dump_dom  # the page's parser, Chromium
 
 from art_rlvr.loops.context import group_metrics
-from art_rlvr.records import EvalEvent, TrainEvent
 from art_rlvr.report.__main__ import main
 from art_rlvr.rollouts import rollout
-from art_rlvr.runfiles import RunFiles
-from art_rlvr.sampling import SamplingConfig
-from art_rlvr.scenario import Scenario, load_task
-from art_rlvr.stored import StoredTrajectory, read_groups
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.events import EvalEvent, TrainEvent
+from art_rlvr.rundir.files import RunFiles
+from art_rlvr.rundir.stored import StoredTrajectory, read_groups
+from art_rlvr.scenarios.scenario import Scenario, load_task
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from art_rlvr.records import EvalEvent, TrainEvent
 from art_rlvr.report import plots
 from art_rlvr.report.__main__ import main
-from art_rlvr.stored import StoredTrajectory, read_groups
+from art_rlvr.rundir.events import EvalEvent, TrainEvent
+from art_rlvr.rundir.stored import StoredTrajectory, read_groups
 
 RL_RUN = [
     "scenario=arith",

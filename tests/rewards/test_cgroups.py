@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.rewards.sandbox.cgroups import cgroup_mounts, locate, own_cgroups
-from art_rlvr.rewards.sandbox.seccomp import filter_program
+from art_rlvr.scenarios.rewards.sandbox.cgroups import cgroup_mounts, locate, own_cgroups
+from art_rlvr.scenarios.rewards.sandbox.seccomp import filter_program
 
 V1_CGROUP = "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n0::/\n"
 V1_MOUNTS = (

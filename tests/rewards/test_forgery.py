@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from test_rewards_code import ADD, pytestmark  # noqa: F401 (the skip when no sandbox runs)
 
-from art_rlvr.rewards.code import CodeReward
-from art_rlvr.rewards.sandbox import sandbox_problem
+from art_rlvr.scenarios.rewards.code import CodeReward
+from art_rlvr.scenarios.rewards.sandbox import sandbox_problem
 
 HALF = {  # a float comparison through abs(), as many HumanEval tests do
     "prompt": 'def half(x):\n    """Half of x."""\n',

@@ -1,6 +1,6 @@
 import pytest
 
-from art_rlvr.rewards.numeric import NumericReward, extract_number
+from art_rlvr.scenarios.rewards.numeric import NumericReward, extract_number
 
 REWARD = NumericReward()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.rewards.code import (
+from art_rlvr.scenarios.rewards.code import (
     CodeReward,
     build_program,
     code,
@@ -20,7 +20,12 @@ from art_rlvr.rewards.code import (
     sandbox_unavailable_reason,
     split_tests,
 )
-from art_rlvr.rewards.sandbox import LAUNCHER, choose_sandbox, sandbox_problem, sandbox_processes
+from art_rlvr.scenarios.rewards.sandbox import (
+    LAUNCHER,
+    choose_sandbox,
+    sandbox_problem,
+    sandbox_processes,
+)
 
 pytestmark = pytest.mark.skipif(
     sandbox_unavailable_reason() is not None, reason=str(sandbox_unavailable_reason())

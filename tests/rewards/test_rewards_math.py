@@ -9,7 +9,7 @@ import pytest
 from math_verify import parse, verify
 
 from art_rlvr import load_task
-from art_rlvr.rewards.math import MathReward, gold_text, verifier_pool
+from art_rlvr.scenarios.rewards.math import MathReward, gold_text, verifier_pool
 
 REWARD = MathReward(timeout_s=5.0)
 PATHOLOGICAL = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate a number with ~3.7e8 digits

@@ -3,7 +3,7 @@
 import pytest
 
 from art_rlvr import load_task
-from art_rlvr.rewards.qa import QAReward, extract_answer, normalize_answer, token_f1
+from art_rlvr.scenarios.rewards.qa import QAReward, extract_answer, normalize_answer, token_f1
 
 REWARD = QAReward()
 PELL = ["Pell Harbor"]

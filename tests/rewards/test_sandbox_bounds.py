@@ -15,15 +15,20 @@ import sys
 
 import pytest
 
-from art_rlvr.rewards.sandbox import sandbox_problem
-from art_rlvr.rewards.sandbox.cgroups import HARNESS_MB, HARNESS_TASKS, Hierarchy, cgroup_hierarchy
+from art_rlvr.scenarios.rewards.sandbox import sandbox_problem
+from art_rlvr.scenarios.rewards.sandbox.cgroups import (
+    HARNESS_MB,
+    HARNESS_TASKS,
+    Hierarchy,
+    cgroup_hierarchy,
+)
 from art_rlvr.testing.bombs import BOMBS, TASK, Held, held, measurable
 
 MEMORY_MB, MAX_PROCESSES, TIMEOUT_S = 128, 8, 2.0
 SCORE = """
 import asyncio, json, sys, time
-from art_rlvr.rewards.code import CodeReward
-from art_rlvr.rewards.sandbox import choose_sandbox
+from art_rlvr.scenarios.rewards.code import CodeReward
+from art_rlvr.scenarios.rewards.sandbox import choose_sandbox
 kind, case = sys.argv[1], json.loads(sys.argv[2])
 reward = CodeReward(sandbox=kind, limits=case["limits"])
 choose_sandbox(kind)  # the sandbox's own check runs before the clock starts

@@ -33,10 +33,10 @@ from test_rewards_code import (
     settled,
 )
 
-from art_rlvr.rewards.base import RewardConfigError
-from art_rlvr.rewards.code import CodeReward, code
-from art_rlvr.rewards.sandbox import bwrap, choose_sandbox, sandbox_problem
-from art_rlvr.rewards.sandbox.cgroups import HARNESS_MB
+from art_rlvr.scenarios.rewards.base import RewardConfigError
+from art_rlvr.scenarios.rewards.code import CodeReward, code
+from art_rlvr.scenarios.rewards.sandbox import bwrap, choose_sandbox, sandbox_problem
+from art_rlvr.scenarios.rewards.sandbox.cgroups import HARNESS_MB
 from art_rlvr.testing.bombs import BOMBS, TASK, held, measurable
 
 HERE = Path(__file__).resolve()

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from art_rlvr.rewards.sandbox import watch
+from art_rlvr.scenarios.rewards.sandbox import watch
 
 # a parent and three children, each touching 40 MB and then waiting: none over 60 MB alone
 FORKS = textwrap.dedent(

@@ -21,13 +21,13 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from pydantic import BaseModel
 
-from art_rlvr.core import Episode, Messages, Reply, Score
-from art_rlvr.outcome import feedback_of
+from art_rlvr.core.outcome import feedback_of
+from art_rlvr.core.types import Episode, Messages, Reply, Score
 from art_rlvr.rollouts import run_episode
-from art_rlvr.sampling import SamplingConfig, rollout_seed
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
+from art_rlvr.rollouts.tools import as_tools, call_tool, tool
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 from art_rlvr.testing.trace_server import RecordingTraceServer
-from art_rlvr.tools import as_tools, call_tool, tool
 
 SYSTEM = {"role": "system", "content": "You may use tools."}
 USER = {"role": "user", "content": "What is 2 + 3, and the weather in Paris?"}
@@ -712,7 +712,7 @@ def test_tool_choice_and_overrides() -> None:
 
 EPISODE_UNDER_WEAVE = """
 import asyncio, sys
-from art_rlvr.core import Episode
+from art_rlvr.core.types import Episode
 from art_rlvr.rollouts import run_episode
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.testing import ScriptedServer, Step, scripted_model

@@ -5,9 +5,9 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from art_rlvr import SamplingConfig, gather_groups, rollout, rollout_group
-from art_rlvr.outcome import feedback_of
+from art_rlvr.core.outcome import feedback_of
+from art_rlvr.core.text import prompt_hash
 from art_rlvr.testing import ScriptedServer, Step
-from art_rlvr.text import prompt_hash
 
 
 async def test_rollout_records_choice_reward_and_metadata(model, task) -> None:

@@ -17,11 +17,10 @@ import art
 import pytest
 from openai.types.chat.chat_completion import Choice
 
+from art_rlvr.core.outcome import turns
 from art_rlvr.ei.hints import hinted_system
-from art_rlvr.eval_run import JournalRow
-from art_rlvr.evaluation import evaluate
-from art_rlvr.outcome import turns
-from art_rlvr.records import RolloutsFailed
+from art_rlvr.eval.evaluate import evaluate
+from art_rlvr.eval.journal import JournalRow
 from art_rlvr.rollouts import (
     RolloutContext,
     SamplingConfig,
@@ -30,9 +29,10 @@ from art_rlvr.rollouts import (
     rollout_failure,
     trainable,
 )
-from art_rlvr.scenario import load_task, rollout_task
-from art_rlvr.sources import ScenarioFileError
-from art_rlvr.stored import read_trajectories, stored_trajectory
+from art_rlvr.rundir.events import RolloutsFailed
+from art_rlvr.rundir.stored import read_trajectories, stored_trajectory
+from art_rlvr.scenarios.scenario import load_task, rollout_task
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
 CASES = Path(__file__).parents[1] / "scripts" / "rollout_cases.py"
@@ -333,7 +333,7 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
     computed from the journaled rows); a second run reuses every rollout."""
     from clirun import base_env, cli
 
-    from art_rlvr.evaluation import pass_all_k, pass_at_k
+    from art_rlvr.eval.evaluate import pass_all_k, pass_at_k
 
     path = scenario_file(tmp_path, case("answer"))
     val = load_task(str(path)).splits["val"]
@@ -461,10 +461,10 @@ async def test_art_style_rewards_of_minus_one_to_one_train_one_rl_step_and_evalu
     the default threshold (reward >= 1)."""
     import time
 
-    from art_rlvr.config import parse_args
+    from art_rlvr.config.run_config import parse_args
     from art_rlvr.loops.context import RunContext
     from art_rlvr.loops.runner import run_phases
-    from art_rlvr.runfiles import RunFiles
+    from art_rlvr.rundir.files import RunFiles
 
     path = scenario_file(tmp_path, case("game_like"), system_prompt=None, timeout_s=300)
     task = load_task(str(path))
@@ -720,12 +720,12 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     relabelled to the clean prompt, and nothing distilled carries the hint."""
     import time
 
-    from art_rlvr.config import parse_args
+    from art_rlvr.config.run_config import parse_args
+    from art_rlvr.ei.data import RoundBuffer
     from art_rlvr.ei.expert import sft_trajectories
-    from art_rlvr.ei.records import RoundBuffer
     from art_rlvr.loops.context import RunContext
     from art_rlvr.loops.ei import run_ei
-    from art_rlvr.runfiles import RunFiles
+    from art_rlvr.rundir.files import RunFiles
 
     task = load_task(str(scenario_file(tmp_path, case("answer"), timeout_s=300)))
     model = await make_model("rf-ei")
@@ -780,7 +780,7 @@ async def test_expert_iteration_hints_an_unchanged_two_parameter_function_throug
     from art_rlvr.ei.expert import collect_round
     from art_rlvr.ei.hints import hinted_system, make_teacher
     from art_rlvr.ei.relabel import relabel_hinted_episode
-    from art_rlvr.llm import LLMCounters
+    from art_rlvr.llm.client import LLMCounters
 
     task = load_task(str(scenario_file(tmp_path, case("game_like"))))
     every = " ".join(str(s.x["answer"]) for s in task.splits["train"])  # right for any record

@@ -21,14 +21,14 @@ from pathlib import Path
 import art
 import pytest
 
-from art_rlvr.eval_run import JournalRow
-from art_rlvr.evaluation import pass_all_k, pass_at_k
-from art_rlvr.records import RolloutsFailed
+from art_rlvr.eval.evaluate import pass_all_k, pass_at_k
+from art_rlvr.eval.journal import JournalRow
 from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_failure, trainable
-from art_rlvr.sources import ScenarioFileError
+from art_rlvr.rollouts.verifiers import load_any, runners_of
+from art_rlvr.rollouts.verifiers import verifiers_task as vf_task
+from art_rlvr.rundir.events import RolloutsFailed
+from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
-from art_rlvr.verifiers_env import load_any, runners_of
-from art_rlvr.verifiers_env import verifiers_task as vf_task
 
 ENVS = Path(__file__).parent / "vf_envs"
 sys.path.insert(0, str(ENVS))  # verifiers imports a taskset by its top-level module name
@@ -215,7 +215,7 @@ def test_expert_iteration_and_gepa_run_on_it(arith) -> None:
     """As for any rollout function with a context: GEPA's candidate and EI's hinted prompt reach
     the environment as every task's system prompt; the teacher finds the gold answer by a
     dotted field of the record (`data.answer`)."""
-    from art_rlvr.config import parse_args
+    from art_rlvr.config.run_config import parse_args
     from art_rlvr.run import mode_problem
 
     for argv in (["mode=ei"], ["mode=gepa", "gepa.pareto_size=2"],
@@ -416,12 +416,12 @@ async def test_expert_iteration_hints_reach_the_task_and_relabel_clean(
     loopback: the teacher reads the gold answer at `data.answer`, the hint reaches every hinted
     episode as the task's system prompt, and each relabelled episode (what a correct one
     distils) carries the clean prompt and no trace of the hint."""
+    from art_rlvr.core.outcome import turns
     from art_rlvr.ei.config import EIConfig
     from art_rlvr.ei.expert import collect_round
     from art_rlvr.ei.hints import make_teacher
     from art_rlvr.ei.relabel import relabel_hinted_episode
-    from art_rlvr.llm import LLMCounters
-    from art_rlvr.outcome import turns
+    from art_rlvr.llm.client import LLMCounters
 
     closing(arith)
     model = await make_model("vf-ei")

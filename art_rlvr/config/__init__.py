@@ -1,0 +1,1 @@
+"""A run's configuration: `RunConfig`, `key=value` parsing, the generated reference."""

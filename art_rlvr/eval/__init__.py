@@ -1,0 +1,1 @@
+"""Evaluation: greedy and sampled reports, pass@k, the resumable journal, external policies."""

@@ -1,0 +1,1 @@
+"""The litellm chat client for reflection and teachers, and the endpoints it calls."""

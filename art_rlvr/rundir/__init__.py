@@ -1,0 +1,1 @@
+"""The run folder: typed events, atomic writers, stored trajectories, one reader."""

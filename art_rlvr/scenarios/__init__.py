@@ -1,0 +1,1 @@
+"""What a task is: scenario files, sources, rewards, environments, mixtures."""
