@@ -64,7 +64,7 @@ from art_rlvr.scenarios.environments.mcp_tools import (
     start_servers,
 )
 from art_rlvr.scenarios.mixture import Mixture
-from art_rlvr.scenarios.scenario import Task
+from art_rlvr.scenarios.scenario import Scenario
 from art_rlvr.scenarios.sources import ScenarioFileError
 
 log = logging.getLogger("art_rlvr")
@@ -100,11 +100,11 @@ def close_logging() -> None:
     logging.captureWarnings(False)
 
 
-def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
+def prepare(cfg: RunConfig) -> tuple[Scenario | Mixture, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports and before the run
     folder exists (a rejected run leaves nothing behind)."""
-    task = load_any(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
-    if problem := mode_problem(cfg, task):
+    scenario = load_any(cfg.scenario, seed=cfg.seed, overrides=cfg.source_overrides)
+    if problem := mode_problem(cfg, scenario):
         raise ConfigError(problem)
     if cfg.policy.model is None:
         check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
@@ -120,23 +120,23 @@ def prepare(cfg: RunConfig) -> tuple[Task | Mixture, RunFiles]:
     files.read_json("state.json")  # a corrupt state file stops the run before anything starts
     if not cfg.resume and (files.root / "state.json").exists():
         raise ConfigError(f"{files.root} already holds a run; pass resume=true or a new run_name")
-    return task, files
+    return scenario, files
 
 
-def mode_problem(cfg: RunConfig, task: Task | Mixture) -> str | None:
+def mode_problem(cfg: RunConfig, scenario: Scenario | Mixture) -> str | None:
     """What each mode would refuse when it starts (asked now, before any model loads): GEPA's
     Pareto set, seed prompt and budget; expert iteration's records and search tool."""
-    if not isinstance(task, Task):  # a mixture runs eval or rl only (RunConfig checks that)
+    if not isinstance(scenario, Scenario):  # a mixture runs eval or rl only (RunConfig checks that)
         return None
     if cfg.with_gepa:
         seed_prompt = choose_seed_prompt(
             gepa=cfg.gepa.seed_prompt,
             run=cfg.system_prompt,
-            task_default=task.default_system_prompt,
+            scenario_default=scenario.default_system_prompt,
         )
-        if problem := gepa_problem(cfg.gepa, task, seed_prompt):
+        if problem := gepa_problem(cfg.gepa, scenario, seed_prompt):
             return f"mode={cfg.mode}: {problem}"
-    if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, task, cfg.system_prompt)):
+    if cfg.with_expert_iteration and (problem := ei_problem(cfg.ei, scenario, cfg.system_prompt)):
         return f"mode={cfg.mode}: {problem}"
     return None
 
@@ -157,7 +157,7 @@ def machine_problem(cfg: RunConfig) -> str | None:
     return None
 
 
-async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunSummary:
+async def execute(cfg: RunConfig, scenario: Scenario | Mixture, files: RunFiles) -> RunSummary:
     from art_rlvr.loops.context import RunContext
     from art_rlvr.loops.runner import run_phases
 
@@ -165,8 +165,8 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     public = cfg.public_dump()  # a mode shown as its phases, each phase's own knobs
     files.write_json("config.json", {**public, "versions": versions()})
     log.info("config: %s", json.dumps(public))
-    log.info("splits: %s", {k: len(v) for k, v in task.splits.items()})
-    for note in task_notes(task, cfg.system_prompt):
+    log.info("splits: %s", {k: len(v) for k, v in scenario.splits.items()})
+    for note in scenario_notes(scenario, cfg.system_prompt):
         log.info("%s", note)
     log.info("threads: %s", _threads())
     tracing = setup_weave(cfg.weave_project, offline=cfg.weave_offline)
@@ -174,7 +174,10 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
     prior = files.read_json("summary.json") or {}
     backend = None
     # MCP tool servers, and verifiers environments' serving contexts: each once per run
-    servers: list[Any] = [*servers_of(t.environment for t in task.tasks), *runners_of(task)]
+    servers: list[Any] = [
+        *servers_of(t.environment for t in scenario.scenarios),
+        *runners_of(scenario),
+    ]
     try:
         await start_servers(servers)
         if cfg.policy.model is not None:  # an external model: no backend, no embedded model
@@ -185,12 +188,18 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
                 # GEPA reads the model only through its client and trains nothing: no backend
                 trainee = cast("art.TrainableModel", policy)
                 ctx = RunContext(
-                    cfg, task, cast("art.Backend", None), trainee, files, started, cpu_started
+                    cfg, scenario, cast("art.Backend", None), trainee, files, started, cpu_started
                 )
                 result = await run_phases(ctx)
             else:
                 result = await sampled_eval(
-                    cfg, task, files, policy, started, cpu_started, system_prompt=cfg.system_prompt
+                    cfg,
+                    scenario,
+                    files,
+                    policy,
+                    started,
+                    cpu_started,
+                    system_prompt=cfg.system_prompt,
                 )
         else:
             backend = build_backend(
@@ -208,13 +217,13 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
                 model_config(cfg.backend, cfg.base_model, cfg.lora_rank),
             )
             await register(model, backend, cfg)
-            ctx = RunContext(cfg, task, backend, model, files, started, cpu_started)
+            ctx = RunContext(cfg, scenario, backend, model, files, started, cpu_started)
             result = await watched(run_phases(ctx), cfg)
     except RolloutsFailed as error:
         # a result that is really an error is the worst output: say why, in the log and in
         # summary.json, and exit non-zero (main); never an accuracy of 0.0
         log.error("run failed: %s", error)
-        write_summary(files, cfg, task, {"failed": str(error)}, started, prior)
+        write_summary(files, cfg, scenario, {"failed": str(error)}, started, prior)
         raise
     finally:
         await close_servers(servers)
@@ -222,7 +231,7 @@ async def execute(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> RunS
             await backend.close()
         if tracing:
             finish_weave()
-    return write_summary(files, cfg, task, result, started, prior)
+    return write_summary(files, cfg, scenario, result, started, prior)
 
 
 async def watched[T](work: Coroutine[Any, Any, T], cfg: RunConfig) -> T:
@@ -248,15 +257,15 @@ async def watched[T](work: Coroutine[Any, Any, T], cfg: RunConfig) -> T:
     return main.result()
 
 
-def task_notes(task: Task | Mixture, system_prompt: str | None) -> list[str]:
+def scenario_notes(scenario: Scenario | Mixture, system_prompt: str | None) -> list[str]:
     """What run.log says of each scenario: what counts as correct, and how a rollout function
     that takes no context receives the system prompt (GEPA's candidates included)."""
     from art_rlvr.rollouts.prompted import PROMPTING
 
-    notes = [f"correct ({t.name}): {t.correct_rule}" for t in task.tasks]
+    notes = [f"correct ({t.name}): {t.correct_rule}" for t in scenario.scenarios]
     return notes + [
         f"rollout function {t.rollout_fn.ref} takes (model, record): {PROMPTING}"
-        for t in task.tasks
+        for t in scenario.scenarios
         if t.rollout_fn is not None and not t.rollout_fn.takes_context
         and (system_prompt or t.default_system_prompt)
     ]  # fmt: skip
@@ -288,7 +297,7 @@ def _usd(cost: float | None) -> str | None:
 def write_summary(
     files: RunFiles,
     cfg: RunConfig,
-    task: Task | Mixture,
+    scenario: Scenario | Mixture,
     result: dict[str, Any],
     started: float,
     prior: dict[str, Any],
@@ -304,8 +313,8 @@ def write_summary(
             **mixture_summary(cfg, files.events()),
             "mode": cfg.mode,
             "phases": [p.label for p in cfg.plan],  # a mode as its preset
-            "scenario": task.name,
-            "correct_rule": "; ".join(dict.fromkeys(t.correct_rule for t in task.tasks)),
+            "scenario": scenario.name,
+            "correct_rule": "; ".join(dict.fromkeys(t.correct_rule for t in scenario.scenarios)),
             "seed": cfg.seed,
             "base_model": cfg.policy.model or cfg.base_model,
             "wall_seconds": round(wall, 2),
@@ -464,19 +473,19 @@ def print_help(argv: list[str]) -> int:
     return 0
 
 
-def scenario_defaults(args: list[str], task: Task | Mixture) -> list[str]:
+def scenario_defaults(args: list[str], scenario: Scenario | Mixture) -> list[str]:
     """The scenario file's own settings (`max_tokens`, room for a whole tool call) as
     `key=value` words, for the keys the command line leaves unset."""
     given = {word.partition("=")[0].strip() for word in args}
-    wanted = task.spec_max_tokens
+    wanted = scenario.spec_max_tokens
     return [f"max_tokens={wanted}"] if wanted is not None and "max_tokens" not in given else []
 
 
-def start_line(cfg: RunConfig, task: Task | Mixture, files: RunFiles) -> str:
+def start_line(cfg: RunConfig, scenario: Scenario | Mixture, files: RunFiles) -> str:
     extra = " + expert iteration" if cfg.enable_expert_iteration and cfg.mode != "ei" else ""
     return (
         f"mode: {MODE_TITLES[cfg.mode]}{extra} | phases={spell(cfg.plan)} | scenario "
-        f"{task.name} | seed {cfg.seed} | max_tokens {cfg.max_tokens} | run_dir {files.root} "
+        f"{scenario.name} | seed {cfg.seed} | max_tokens {cfg.max_tokens} | run_dir {files.root} "
         "(loading ART, torch and the model)"
     )
 
@@ -542,16 +551,16 @@ def main(argv: list[str] | None = None) -> int:
     log_file: Path | None = None  # once run.log exists, what the console shows goes there too
     try:
         cfg = parse_args(args)
-        task, files = prepare(cfg)
-        if defaults := scenario_defaults(args, task):  # as if typed: handed down like them
+        scenario, files = prepare(cfg)
+        if defaults := scenario_defaults(args, scenario):  # as if typed: handed down like them
             cfg = parse_args([*args, *defaults])
         setup_logging(cfg, files)
         log_file = files.root / "run.log"
-        log.info("%s", start_line(cfg, task, files))
+        log.info("%s", start_line(cfg, scenario, files))
         if overrides := override_line(cfg):
             log.info("%s", overrides)
         import_heavy_modules(cfg)
-        summary = asyncio.run(interruptible(execute(cfg, task, files), log_file))
+        summary = asyncio.run(interruptible(execute(cfg, scenario, files), log_file))
     except USER_ERRORS as error:
         return finish(f"error: {error}", log_file, code=2)
     except RolloutsFailed as error:

@@ -29,7 +29,7 @@ def main(run_dir: Path, extra: list[str]) -> dict:
     from art_rlvr.ei.data import RoundBuffer
     from art_rlvr.run import main as run_main
     from art_rlvr.scenarios.leakage import leaks
-    from art_rlvr.scenarios.scenario import load_task
+    from art_rlvr.scenarios.scenario import load_scenario
     from art_rlvr.testing import ScriptedServer, Step
 
     os.environ["SCRIPTED_TEACHER_KEY"] = "sk-scripted-teacher"
@@ -61,7 +61,7 @@ def main(run_dir: Path, extra: list[str]) -> dict:
         teacher_requests = len(server.chat_requests)
     if code != 0:
         raise SystemExit(code)
-    task = load_task(scenario, seed=0)
+    task = load_scenario(scenario, seed=0)
     by_id = {sc.id: sc for sc in task.splits["train"]}
     hint_texts: set[str] = set()
     examples = []

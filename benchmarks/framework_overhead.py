@@ -29,9 +29,10 @@ import art
 from bench_server import serving
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-from art_rlvr import load_task
-from art_rlvr.rollouts import SamplingConfig, gather_groups
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr import load_scenario
+from art_rlvr.rollouts.rollout import gather_groups
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import Example
 
 
 def http_client() -> DefaultAsyncHttpxClient:
@@ -46,7 +47,7 @@ def http_client() -> DefaultAsyncHttpxClient:
     )
 
 
-Side = Callable[[list[Scenario]], Awaitable[int]]
+Side = Callable[[list[Example]], Awaitable[int]]
 
 
 def art_side(url: str, group_size: int, concurrency: int) -> tuple[Side, AsyncOpenAI]:
@@ -56,9 +57,9 @@ def art_side(url: str, group_size: int, concurrency: int) -> tuple[Side, AsyncOp
         inference_model_name="bench",
     )  # fmt: skip
 
-    async def run(scenarios: list[Scenario]) -> int:
+    async def run(examples: list[Example]) -> int:
         groups = await gather_groups(
-            model, scenarios, group_size, sampling=SamplingConfig(), description="art_rlvr",
+            model, examples, group_size, sampling=SamplingConfig(), description="art_rlvr",
             max_in_flight=concurrency,
         )  # fmt: skip
         return sum(len(g.trajectories) for g in groups)
@@ -75,8 +76,8 @@ def art_only_side(url: str, group_size: int, concurrency: int) -> tuple[Side, As
     )  # fmt: skip
     sampling = SamplingConfig()
 
-    async def one(scenario: Scenario, limiter: asyncio.Semaphore) -> art.Trajectory:
-        messages = scenario.messages()
+    async def one(example: Example, limiter: asyncio.Semaphore) -> art.Trajectory:
+        messages = example.messages()
         async with limiter:
             response = await model.openai_client().chat.completions.create(
                 model="bench", messages=messages, max_tokens=sampling.max_tokens,
@@ -84,12 +85,12 @@ def art_only_side(url: str, group_size: int, concurrency: int) -> tuple[Side, As
             )  # fmt: skip
         return art.Trajectory(messages_and_choices=[*messages, response.choices[0]], reward=0.0)
 
-    async def run(scenarios: list[Scenario]) -> int:
+    async def run(examples: list[Example]) -> int:
         limiter = asyncio.Semaphore(concurrency)
         groups = await art.gather_trajectory_groups(
             (
                 art.trajectory_group([one(sc, limiter) for _ in range(group_size)])
-                for sc in scenarios
+                for sc in examples
             ),
             pbar_desc="art only",
         )
@@ -102,39 +103,39 @@ def bare_side(url: str, group_size: int, concurrency: int) -> tuple[Side, AsyncO
     client = AsyncOpenAI(base_url=url, api_key="bench", http_client=http_client())
     sampling = SamplingConfig()
 
-    async def one(scenario: Scenario, limiter: asyncio.Semaphore) -> str:
+    async def one(example: Example, limiter: asyncio.Semaphore) -> str:
         async with limiter:
             response = await client.chat.completions.create(
-                model="bench", messages=scenario.messages(), max_tokens=sampling.max_tokens,
+                model="bench", messages=example.messages(), max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature, top_p=sampling.top_p, logprobs=True,
             )  # fmt: skip
         return response.choices[0].message.content or ""
 
-    async def run(scenarios: list[Scenario]) -> int:
+    async def run(examples: list[Example]) -> int:
         limiter = asyncio.Semaphore(concurrency)
         texts = await asyncio.gather(
-            *[one(sc, limiter) for sc in scenarios for _ in range(group_size)]
+            *[one(sc, limiter) for sc in examples for _ in range(group_size)]
         )
         return len(texts)
 
     return run, client
 
 
-async def turn(side: Side, scenarios: list[Scenario]) -> tuple[float, float]:
+async def turn(side: Side, examples: list[Example]) -> tuple[float, float]:
     """(rollouts/s wall, client CPU ms per rollout) for one gather over the scenarios."""
     wall, cpu = time.perf_counter(), time.process_time()
-    n = await side(scenarios)
+    n = await side(examples)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return n / wall, 1000 * cpu / n
 
 
 async def measure(url: str, concurrency: int, rollouts: int, repeats: int) -> str:
-    task = load_task("arith", seed=0)
-    pool = [*task.splits["train"]]
+    scenario = load_scenario("arith", seed=0)
+    pool = [*scenario.splits["train"]]
     group_size = min(concurrency, 8)
-    scenarios = [pool[i % len(pool)] for i in range(rollouts // group_size)]
+    examples = [pool[i % len(pool)] for i in range(rollouts // group_size)]
     makers = {"art_rlvr": art_side, "art_only": art_only_side, "bare": bare_side}
-    warm_up = scenarios[: max(1, concurrency // group_size)]
+    warm_up = examples[: max(1, concurrency // group_size)]
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in makers}
     for r in range(repeats):
         names = list(makers)
@@ -143,7 +144,7 @@ async def measure(url: str, concurrency: int, rollouts: int, repeats: int) -> st
             # whichever side ran second
             side, client = makers[name](url, group_size, concurrency)
             await turn(side, warm_up)  # open up to C connections, outside the timing
-            results[name].append(await turn(side, scenarios))
+            results[name].append(await turn(side, examples))
             await client.close()
 
     def ratio(a: str, b: str) -> float:

@@ -35,7 +35,7 @@ PROPOSALS = [
 async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str]) -> None:
     import art
 
-    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_scenario
     from art_rlvr.gepa import GEPAConfig, optimize_prompt
     from art_rlvr.testing import ScriptedServer, Step
 
@@ -55,7 +55,7 @@ async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str])
         "max_tokens": 32,
         "report_val_limit": 50,
     }
-    scenario = overrides.pop("scenario", "arith")
+    example = overrides.pop("scenario", "arith")
     common |= overrides  # GEPAConfig validates (and converts) the values
     steps = [Step.reply(f"A better instruction:\n```\n{p}\n```") for p in PROPOSALS]
     server = ScriptedServer(steps, default=steps[-1])
@@ -74,7 +74,7 @@ async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str])
         else:
             config = GEPAConfig(**{"reflection": {"max_tokens": 256}, "max_iterations": 4} | common)
         result = await optimize_prompt(
-            model, load_task(scenario, seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
+            model, load_scenario(example, seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
         )
         shown = [r.last_user_text for r in server.chat_requests[:1]]
     finally:

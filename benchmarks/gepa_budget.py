@@ -48,13 +48,13 @@ QUICK = MATRIX[:3]
 async def main(matrix: list[tuple[int, int, int, int, bool]]) -> None:
     import art
 
-    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_scenario
     from art_rlvr.gepa import GEPAConfig, optimize_prompt
     from art_rlvr.testing import ScriptedServer, Step
 
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("BENCH_SCRIPTED_KEY", "sk-local")
-    task = load_task("arith", seed=0)
+    scenario = load_scenario("arith", seed=0)
     replies = [Step.reply(f"A better instruction:\n```\n{p}\n```") for p in PROPOSALS]
     # each configuration hears the proposals in its own rotation, over and over
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,7 +79,7 @@ async def main(matrix: list[tuple[int, int, int, int, bool]]) -> None:
                         seed=n,
                     )  # fmt: skip
                     result = await optimize_prompt(
-                        model, task, seed_prompt=SEED, config=config, run_dir=Path(tmp) / str(n)
+                        model, scenario, seed_prompt=SEED, config=config, run_dir=Path(tmp) / str(n)
                     )
                 summary = result.summary()
                 ratio = result.metric_calls_used / budget

@@ -26,15 +26,15 @@ os.environ.setdefault("WEAVE_DISABLED", "true")
 async def main(split: str, limit: int) -> dict:
     import art
 
-    from art_rlvr import load_task
-    from art_rlvr.rollouts import rollout
+    from art_rlvr import load_scenario
+    from art_rlvr.rollouts.rollout import rollout
     from art_rlvr.testing import ScriptedServer, Step
 
-    task = load_task("humaneval_repair", seed=0)
-    scenarios = task.splits[split][:limit]
+    scenario = load_scenario("humaneval_repair", seed=0)
+    examples = scenario.splits[split][:limit]
     started = time.monotonic()
     results, first_message = [], None
-    for sc in scenarios:
+    for sc in examples:
         prompt = sc.x["prompt"]
         wrong = f"```python\n{prompt}    return None\n```"
         fixed = f"```python\n{prompt}{sc.x['canonical_solution']}```"

@@ -33,12 +33,18 @@ def rss_mb() -> float:
 async def child(threshold: int, trim: bool, steps: int) -> None:
     import art
 
-    from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_task
+    from art_rlvr import (
+        DEFAULT_BASE_MODEL,
+        SamplingConfig,
+        TorchBackend,
+        gather_groups,
+        load_scenario,
+    )
     from art_rlvr.backend import engine, torch_backend
 
     if not trim:  # the old behaviour: nothing gives freed heap pages back
         torch_backend.release_free_memory = engine.release_free_memory = lambda: False
-    task = load_task("arith", seed=0)
+    scenario = load_scenario("arith", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         backend = TorchBackend(path=tmp, seed=0)
         ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # M_MMAP_THRESHOLD
@@ -50,7 +56,7 @@ async def child(threshold: int, trim: bool, steps: int) -> None:
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             groups = await gather_groups(
                 model,
-                task.splits["train"][step * 6 : (step + 1) * 6],
+                scenario.splits["train"][step * 6 : (step + 1) * 6],
                 6,
                 sampling=SamplingConfig(max_tokens=32),
                 seed=step,

@@ -27,12 +27,13 @@ import time
 import art
 from bench_server import serving
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.core.types import Score
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
+from art_rlvr.rollouts.rollout import gather_groups, rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.scenarios.rewards.code import sandbox_unavailable_reason
 from art_rlvr.scenarios.rewards.math import MathReward, verifier_pool
-from art_rlvr.scenarios.scenario import Scenario, Task
+from art_rlvr.scenarios.scenario import Example, Scenario
 
 REPLIES = {
     "math": "Adding the parts gives $\\boxed{\\frac{7}{3}}$.",
@@ -46,11 +47,11 @@ def trivial(x: dict, y: str) -> Score:
     return Score(reward=float(bool(y)), feedback="non-empty")
 
 
-def with_reward(task: Task, reward) -> Task:
+def with_reward(scenario: Scenario, reward) -> Scenario:
     """The same records and prompts, scored by another reward."""
-    copy = dataclasses.replace(task, reward=reward, splits={})
-    for name, split in task.splits.items():
-        copy.splits[name] = [dataclasses.replace(sc, task=copy) for sc in split]
+    copy = dataclasses.replace(scenario, reward=reward, splits={})
+    for name, split in scenario.splits.items():
+        copy.splits[name] = [dataclasses.replace(sc, scenario=copy) for sc in split]
     return copy
 
 
@@ -61,19 +62,19 @@ def model_for(url: str, name: str) -> art.Model:
     )  # fmt: skip
 
 
-async def rate(model: art.Model, scenarios: list[Scenario], in_flight: int) -> float:
+async def rate(model: art.Model, examples: list[Example], in_flight: int) -> float:
     started = time.perf_counter()
     groups = await gather_groups(
-        model, scenarios, 4, sampling=SamplingConfig(), max_in_flight=in_flight,
+        model, examples, 4, sampling=SamplingConfig(), max_in_flight=in_flight,
         description=model.name,
     )  # fmt: skip
     n = sum(len(g.trajectories) for g in groups)
-    assert n == 4 * len(scenarios)
+    assert n == 4 * len(examples)
     return n / (time.perf_counter() - started)
 
 
 async def ratio_line(url: str, name: str, n: int, in_flight: int, repeats: int) -> str:
-    real = load_task(name, seed=0)
+    real = load_scenario(name, seed=0)
     fake = with_reward(real, trivial)
     pool = [*real.splits["train"], *real.splits["val"], *real.splits["test"]]
     ids = [sc.id for sc in pool][: n // 4]
@@ -96,20 +97,20 @@ async def ratio_line(url: str, name: str, n: int, in_flight: int, repeats: int) 
     )
 
 
-async def latencies(model: art.Model, scenarios: list[Scenario]) -> list[float]:
-    async def timed(sc: Scenario) -> float:
+async def latencies(model: art.Model, examples: list[Example]) -> list[float]:
+    async def timed(sc: Example) -> float:
         started = time.perf_counter()
         await rollout(model, sc)
         return time.perf_counter() - started
 
-    return await asyncio.gather(*[timed(sc) for sc in scenarios])
+    return await asyncio.gather(*[timed(sc) for sc in examples])
 
 
 async def pathological_line(url: str, n: int) -> str:
-    task = load_task("math", seed=0)
-    reward = task.reward
+    scenario = load_scenario("math", seed=0)
+    reward = scenario.reward
     timeout = reward.timeout_s if isinstance(reward, MathReward) else float("nan")
-    ordinary = task.splits["val"][:n]
+    ordinary = scenario.splits["val"][:n]
     base = ordinary[0]
     bad = dataclasses.replace(base, id="pathological", x={**base.x, "problem": MARKER})
     model = model_for(url, "math")

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.core.types import Score
 from art_rlvr.scenarios.rewards.code import CodeReward, sandbox_unavailable_reason
 from art_rlvr.scenarios.rewards.math import MathReward, verifier_pool
@@ -31,8 +31,8 @@ Case = tuple[dict, str]
 
 
 def cases(name: str, right: Callable[[dict], str], wrong: Callable[[dict], str]) -> list[Case]:
-    task = load_task(name, seed=0)
-    records = [sc.x for split in task.splits.values() for sc in split]
+    scenario = load_scenario(name, seed=0)
+    records = [sc.x for split in scenario.splits.values() for sc in split]
     return [(x, right(x) if i % 2 == 0 else wrong(x)) for i, x in enumerate(records)]
 
 

@@ -25,10 +25,10 @@ from art.utils.trajectory_logging import write_trajectory_groups_parquet
 from art_rlvr import TorchBackend
 from art_rlvr.config.run_config import RunConfig
 from art_rlvr.core.outcome import completion_text, feedback_of, is_correct, turns
-from art_rlvr.rollouts import rollout_group
+from art_rlvr.rollouts.rollout import rollout_group
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 
 
 def row_before(t: art.Trajectory) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def row_before(t: art.Trajectory) -> dict[str, Any]:
 
 async def main(groups: int) -> None:
     cfg = RunConfig()
-    task = load_task("arith", seed=0)
+    scenario = load_scenario("arith", seed=0)
     sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.temperature)
     with tempfile.TemporaryDirectory() as tmp:
         backend = TorchBackend(path=Path(tmp) / "art", seed=0)
@@ -60,7 +60,7 @@ async def main(groups: int) -> None:
         await model.register(backend)
         batch = [
             await rollout_group(model, s, cfg.group_size, sampling=sampling, seed=0)
-            for s in task.splits["train"][:groups]
+            for s in scenario.splits["train"][:groups]
         ]
         path = RunFiles(Path(tmp) / "run").write_trajectories("train_0001", batch)
         now = path.read_bytes()

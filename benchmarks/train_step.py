@@ -46,7 +46,7 @@ import time
 import art
 import torch
 
-from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_task
+from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_scenario
 from art_rlvr.backend import steps
 from art_rlvr.backend import train as T
 from art_rlvr.backend.steps import sample_length
@@ -269,7 +269,7 @@ async def main() -> None:
     parser.add_argument("--before", help="a train module whose shared_prompt_logprobs to time")
     parser.add_argument("--workers-only", action="store_true", help="only the workers report")
     args = parser.parse_args()
-    task = load_task("arith", seed=0)
+    scenario = load_scenario("arith", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         backend = TorchBackend(path=tmp)
         model = art.TrainableModel(
@@ -280,7 +280,7 @@ async def main() -> None:
         for r in range(args.repeats):
             groups = await gather_groups(
                 model,
-                task.splits["train"][r * args.groups : (r + 1) * args.groups],
+                scenario.splits["train"][r * args.groups : (r + 1) * args.groups],
                 args.group_size,
                 sampling=SamplingConfig(max_tokens=32),
                 seed=r,
@@ -330,7 +330,7 @@ async def main() -> None:
                     {"role": "assistant", "content": str(sc.x["answer"])},
                 ]
             )
-            for sc in task.splits["train"][:32]
+            for sc in scenario.splits["train"][:32]
         ]
         sft_seconds = []
         for _ in range(args.repeats):

@@ -114,20 +114,22 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: boo
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from art_rlvr import DEFAULT_BASE_MODEL, LoraSettings, load_task
+    from art_rlvr import DEFAULT_BASE_MODEL, LoraSettings, load_scenario
     from art_rlvr.backend.model_source import resolve_base_model
     from art_rlvr.config.run_config import RunConfig
 
     trl_dir = out / trl_folder(scheduler, checkpointing)
     trl_dir.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(scenario="arith", seed=seed)  # art_rlvr's defaults: the shared knobs
-    task = load_task("arith", seed=seed)
-    batches = [task.train_batch(cfg.groups_per_batch, seed, b) for b in range(steps)]
+    scenario = load_scenario("arith", seed=seed)
+    batches = [scenario.train_batch(cfg.groups_per_batch, seed, b) for b in range(steps)]
     rows = [{"prompt": sc.messages(), "record": json.dumps(sc.x)} for b in batches for sc in b]
 
     def reward(prompts, completions, record, **_) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [task.reward(json.loads(r), t).reward for r, t in zip(record, texts, strict=True)]
+        return [
+            scenario.reward(json.loads(r), t).reward for r, t in zip(record, texts, strict=True)
+        ]
 
     path = resolve_base_model(DEFAULT_BASE_MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -224,11 +226,11 @@ async def score(checkpoints: dict[str, dict[int, str]], seed: int, limit: int | 
     """Greedy val accuracy of every side's adapter at every step, on one TorchBackend."""
     import art
 
-    from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, evaluate, load_task
+    from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, evaluate, load_scenario
     from art_rlvr.config.run_config import RunConfig
 
     cfg = RunConfig(scenario="arith", seed=seed)
-    scenarios = load_task("arith", seed=seed).held_out("val", limit)
+    examples = load_scenario("arith", seed=seed).held_out("val", limit)
     out: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         backend = TorchBackend(path=tmp, seed=seed)
@@ -247,7 +249,7 @@ async def score(checkpoints: dict[str, dict[int, str]], seed: int, limit: int | 
                 sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=0.0)
                 out[side] = {}
                 for step in sorted(int(s) for s in folders):
-                    report = await evaluate(model, scenarios, sampling=sampling, step=step)
+                    report = await evaluate(model, examples, sampling=sampling, step=step)
                     out[side][step] = report.accuracy
         finally:
             await backend.close()

@@ -19,7 +19,7 @@ os.environ.update(worker_threads(os.environ))  # before anything loads torch
 import art
 import pytest
 
-from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_scenario
 from art_rlvr.backend import adapters as A
 from art_rlvr.backend.engine import GenerationEngine
 
@@ -39,8 +39,8 @@ async def backend(art_path: Path):
 
 
 @pytest.fixture(scope="session")
-def task():
-    return load_task("arith", seed=0)
+def scenario():
+    return load_scenario("arith", seed=0)
 
 
 async def new_model(backend: TorchBackend, prefix: str = "m") -> art.TrainableModel:

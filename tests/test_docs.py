@@ -139,8 +139,8 @@ def test_documented_command_is_valid(where: str, module: str, args: list[str]) -
         assert importlib.util.find_spec(f"{module}.__main__"), f"{where}: {module} has no __main__"
     if module == "art_rlvr.run":
         config = parse_args(args)  # raises ConfigError with the CLI's own message (renamed keys)
-        task = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
-        assert mode_problem(config, task) is None, f"{where}: {mode_problem(config, task)}"
+        scenario = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        assert mode_problem(config, scenario) is None, f"{where}: {mode_problem(config, scenario)}"
 
 
 @cache
@@ -379,8 +379,8 @@ def test_the_documented_errors_are_what_the_cli_says(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     try:
         config = parse_args(args)
-        task = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
-        said = mode_problem(config, task) or machine_problem(config)
+        scenario = load_any(config.scenario, seed=config.seed, overrides=config.source_overrides)
+        said = mode_problem(config, scenario) or machine_problem(config)
     except ValueError as error:  # ConfigError, ScenarioFileError
         said = str(error)
     pattern = ".*".join(re.escape(part) for part in message.split("..."))

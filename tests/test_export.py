@@ -65,7 +65,7 @@ async def greedy(model: art.TrainableModel, name: str, chat: list[dict[str, str]
 
 
 @pytest.fixture(scope="module")
-async def trained(tmp_path_factory: pytest.TempPathFactory, task) -> Trained:
+async def trained(tmp_path_factory: pytest.TempPathFactory, scenario) -> Trained:
     """A run folder as `art_rlvr.run` leaves it: config, val evaluations at steps 0 and 1 (the
     run's own `run_eval`), and checkpoints 0 and 1 from one real training step."""
     run = tmp_path_factory.mktemp("export") / "run"
@@ -78,10 +78,10 @@ async def trained(tmp_path_factory: pytest.TempPathFactory, task) -> Trained:
     )
     try:
         await model.register(backend)
-        ctx = RunContext(config, task, backend, model, files, time.monotonic())
+        ctx = RunContext(config, scenario, backend, model, files, time.monotonic())
         await run_eval(ctx, 0)
         groups = await gather_groups(
-            model, task.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=12), seed=1
+            model, scenario.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=12), seed=1
         )
         for group in groups:  # rewards forced apart: every group carries signal
             for index, trajectory in enumerate(group.trajectories):

@@ -16,42 +16,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "art_rlvr"
 
 # Top to bottom. The first component of a module's name under art_rlvr picks its layer.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("entry points", {"run", "compare", "report", "export", "export_dataset", "serve", "__main__"}),
-    ("config and loops", {"config", "config_keys", "config_reference", "loops"}),
+    ("entry points", {"run", "compare", "report", "export", "export_dataset", "serve"}),
+    ("config and loops", {"config", "loops"}),
     ("extensions", {"gepa", "ei"}),
-    (
-        "rollouts",
-        {
-            "evaluation",
-            "eval_run",
-            "rollouts",
-            "tools",
-            "sampling",
-            "policy",
-            "verifiers_env",
-        },
-    ),
-    ("tasks", {"scenario", "mixture", "rewards", "sources", "leakage", "environments"}),
+    ("rollouts and evaluation", {"rollouts", "eval"}),
+    ("scenarios", {"scenarios"}),
     ("backend", {"backend", "backends", "engines"}),
-    ("llm client", {"llm", "llm_settings"}),
+    ("llm client", {"llm"}),
     ("observe", {"observe"}),
-    (
-        "leaves",
-        {
-            "core",
-            "callbacks",
-            "records",
-            "runfiles",
-            "runfolder",
-            "stored",
-            "text",
-            "transcript",
-            "outcome",
-            "testing",
-            "_lazy",
-            "__init__",
-        },
-    ),
+    ("run folder", {"rundir"}),
+    ("core", {"core", "testing", "__init__"}),
 ]
 
 

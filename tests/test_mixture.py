@@ -16,7 +16,7 @@ from art_rlvr.run import summary_lines
 from art_rlvr.rundir.events import RunSummary
 from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.scenarios.mixture import Mixture, MixtureEntry, load_scenarios, parse_mixture
-from art_rlvr.scenarios.scenario import batch_scenarios, load_task, scenarios_dir
+from art_rlvr.scenarios.scenario import batch_examples, load_scenario, scenarios_dir
 
 MUL = """
 name = "mul"
@@ -99,18 +99,18 @@ def test_batches_are_seeded_weighted_and_walk_each_scenario_without_repeats(mul:
     batches = [mixture.train_batch(6, 0, b) for b in range(200)]
     assert batches[:5] == [mixture.train_batch(6, 0, b) for b in range(5)]  # a pure function
     assert [mixture.train_batch(6, 1, b) for b in range(5)] != batches[:5]
-    names = Counter(s.task.name for batch in batches for s in batch)
+    names = Counter(s.scenario.name for batch in batches for s in batch)
     assert abs(names["arith"] / 1200 - 0.75) < 0.04  # drawn by weight
-    mul_ids = [s.id for batch in batches for s in batch if s.task.name == "mul"]
+    mul_ids = [s.id for batch in batches for s in batch if s.scenario.name == "mul"]
     assert len(set(mul_ids[:40])) == 40  # its 40 train records, each once, before any repeats
-    assert set(mul_ids) == {s.id for s in mixture.tasks[1].splits["train"]}
+    assert set(mul_ids) == {s.id for s in mixture.scenarios[1].splits["train"]}
     assert [len(mixture.held_out("val", 3))] == [6]  # a limit applies to each scenario
 
 
 def test_one_scenario_keeps_its_batches() -> None:
-    task = load_task("arith", seed=0)
-    assert load_scenarios("arith").splits == task.splits
-    assert task.train_batch(6, 0, 7) == batch_scenarios(task.splits["train"], 6, 0, 7)
+    scenario = load_scenario("arith", seed=0)
+    assert load_scenarios("arith").splits == scenario.splits
+    assert scenario.train_batch(6, 0, 7) == batch_examples(scenario.splits["train"], 6, 0, 7)
 
 
 @pytest.fixture(scope="module")

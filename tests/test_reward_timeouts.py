@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.scenarios.sources import ScenarioFileError
 
 REWARDS = """
@@ -45,7 +45,7 @@ sleeper = Sleeper()
 TIMEOUT_S = 0.5
 
 
-def scenario(folder: Path, fn: str) -> Path:
+def example(folder: Path, fn: str) -> Path:
     (folder / "slow_rewards.py").write_text(REWARDS)
     rows = [{"qid": f"q{i}", "question": f"{i}+1?", "answer": i + 1} for i in range(3)]
     (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -63,7 +63,7 @@ def scenario(folder: Path, fn: str) -> Path:
 def test_a_reward_that_never_returns_is_a_one_line_error_at_load(tmp_path: Path, fn: str) -> None:
     started = time.monotonic()
     with pytest.raises(ScenarioFileError) as error:
-        load_task(str(scenario(tmp_path, fn)))
+        load_scenario(str(example(tmp_path, fn)))
     message = str(error.value)
     assert time.monotonic() - started < TIMEOUT_S + 5
     assert f"reward 'slow_rewards:{fn}' did not return within {TIMEOUT_S:g} s" in message, message
@@ -74,8 +74,8 @@ def test_a_reward_that_never_returns_is_a_one_line_error_at_load(tmp_path: Path,
 async def test_a_reward_that_hangs_in_a_run_scores_zero_and_says_why(
     tmp_path: Path, fn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    task = load_task(str(scenario(tmp_path, fn)))
-    record = task.splits["train"][0]
+    scenario = load_scenario(str(example(tmp_path, fn)))
+    record = scenario.splits["train"][0]
     lag = 0.0
 
     async def tick() -> None:  # the loop must keep running while the reward hangs
@@ -100,8 +100,8 @@ async def test_a_reward_that_hangs_in_a_run_scores_zero_and_says_why(
 async def test_a_sync_reward_runs_off_the_loop(tmp_path: Path) -> None:
     """Several hanging sync rewards at once: each in a thread of its own, none waits for
     another (a shared pool of workers would be exhausted by them)."""
-    task = load_task(str(scenario(tmp_path, "sleeps_on_replies")))
+    scenario = load_scenario(str(example(tmp_path, "sleeps_on_replies")))
     started = time.monotonic()
-    scores = await asyncio.gather(*(task.splits["train"][0].score(str(i)) for i in range(40)))
+    scores = await asyncio.gather(*(scenario.splits["train"][0].score(str(i)) for i in range(40)))
     assert time.monotonic() - started < TIMEOUT_S + 5
     assert {s.reward for s in scores} == {0.0}

@@ -3,48 +3,52 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.scenarios.scenario import builtin_scenarios
 from art_rlvr.scenarios.sources import ScenarioFileError
 
 
-def ids(task, split):
-    return [s.id for s in task.splits[split]]
+def ids(scenario, split):
+    return [s.id for s in scenario.splits[split]]
 
 
 def test_arith_splits_are_disjoint_and_sized() -> None:
-    task = load_task("arith", seed=0)
-    sets = {split: set(ids(task, split)) for split in ("train", "val", "test")}
+    scenario = load_scenario("arith", seed=0)
+    sets = {split: set(ids(scenario, split)) for split in ("train", "val", "test")}
     assert len(sets["val"]) == 100 and len(sets["test"]) == 100 and len(sets["train"]) == 400
     assert not sets["train"] & sets["val"] and not sets["train"] & sets["test"]
     assert not sets["val"] & sets["test"]
 
 
 def test_same_seed_same_order_other_seed_other_order() -> None:
-    assert ids(load_task("arith", seed=3), "train") == ids(load_task("arith", seed=3), "train")
-    assert ids(load_task("arith", seed=3), "train") != ids(load_task("arith", seed=4), "train")
+    assert ids(load_scenario("arith", seed=3), "train") == ids(
+        load_scenario("arith", seed=3), "train"
+    )
+    assert ids(load_scenario("arith", seed=3), "train") != ids(
+        load_scenario("arith", seed=4), "train"
+    )
 
 
 def test_arith_answers_and_no_negative_subtraction() -> None:
-    task = load_task("arith", seed=0)
-    for sc in task.splits["train"]:
+    scenario = load_scenario("arith", seed=0)
+    for sc in scenario.splits["train"]:
         a, op, b = sc.x["a"], sc.x["op"], sc.x["b"]
         assert sc.x["answer"] == (a + b if op == "+" else a - b)
         assert sc.x["answer"] >= 0
 
 
 def test_source_overrides_change_difficulty() -> None:
-    task = load_task(
+    scenario = load_scenario(
         "arith",
         seed=0,
         overrides={"ops": ["*"], "mul_max_value": 12, "splits": {"train": 20, "val": 5, "test": 5}},
     )
-    assert {sc.x["op"] for sc in task.splits["train"]} == {"*"}
+    assert {sc.x["op"] for sc in scenario.splits["train"]} == {"*"}
 
 
 def test_render_uses_system_prompt_and_template() -> None:
-    task = load_task("arith", seed=0)
-    sc = task.splits["val"][0]
+    scenario = load_scenario("arith", seed=0)
+    sc = scenario.splits["val"][0]
     messages = sc.messages("Be brief.")
     assert messages[0] == {"role": "system", "content": "Be brief."}
     assert f"{sc.x['a']} {sc.x['op']} {sc.x['b']}" in messages[1]["content"]
@@ -81,9 +85,9 @@ name = {reward}
 def test_user_defined_jsonl_scenario(tmp_path: Path) -> None:
     rows = [{"qid": f"q{i}", "question": f"{i}+1?", "answer": i + 1} for i in range(3)]
     write(tmp_path / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    task = load_task(str(user_toml(tmp_path)), seed=0)
-    assert len(task.splits["train"]) == 2 and len(task.splits["val"]) == 1
-    assert task.splits["val"][0].id.startswith("q")
+    scenario = load_scenario(str(user_toml(tmp_path)), seed=0)
+    assert len(scenario.splits["train"]) == 2 and len(scenario.splits["val"]) == 1
+    assert scenario.splits["val"][0].id.startswith("q")
 
 
 @pytest.mark.parametrize(
@@ -104,7 +108,7 @@ def test_bad_user_scenarios_name_file_and_line(
     write(tmp_path / "nofield.jsonl", '{"question": "a"}\n')
     write(tmp_path / "ok.jsonl", '{"question": "a", "answer": 1}\n')
     with pytest.raises(ScenarioFileError, match=message.replace("(", r"\(")):
-        load_task(str(user_toml(tmp_path, data, reward)), seed=0)
+        load_scenario(str(user_toml(tmp_path, data, reward)), seed=0)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +137,7 @@ def test_bad_user_scenarios_name_file_and_line(
 def test_malformed_scenario_files(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path / "s.toml", text)
     with pytest.raises(ScenarioFileError, match=message):
-        load_task(str(path))
+        load_scenario(str(path))
 
 
 HEAD = 'name = "x"\nuser_template = "{a}"\n'
@@ -162,13 +166,13 @@ HEAD = 'name = "x"\nuser_template = "{a}"\n'
 def test_scenario_errors_name_the_toml_line(tmp_path: Path, text: str, where: str) -> None:
     path = write(tmp_path / "s.toml", text)
     with pytest.raises(ScenarioFileError) as error:
-        load_task(str(path))
+        load_scenario(str(path))
     assert str(error.value).startswith(f"{path}{where}"), str(error.value)
 
 
 def test_unknown_scenario_lists_choices() -> None:
     with pytest.raises(ScenarioFileError, match=r"unknown scenario 'nope'.*arith"):
-        load_task("nope")
+        load_scenario("nope")
 
 
 REWARDS = """
@@ -223,8 +227,8 @@ def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def test_a_reward_may_return_a_score_a_float_or_a_bool(
     reward_module: Path, fn: str, reply: str, reward: float, correct: bool
 ) -> None:
-    task = load_task(str(user_toml(reward_module, reward=f'"user_rewards:{fn}"')), seed=0)
-    record = next(s for split in task.splits.values() for s in split if s.x["answer"] == 2)
+    scenario = load_scenario(str(user_toml(reward_module, reward=f'"user_rewards:{fn}"')), seed=0)
+    record = next(s for split in scenario.splits.values() for s in split if s.x["answer"] == 2)
     score = await record.score(reply)
     assert (score.reward, score.correct) == (reward, correct)
 
@@ -244,7 +248,7 @@ def test_a_reward_that_returns_no_score_is_refused_at_load(
     loaded and generated: the error names the file, the line of `name` and what came back."""
     toml = user_toml(reward_module, reward=f'"user_rewards:{fn}"')
     with pytest.raises(ScenarioFileError) as error:
-        load_task(str(toml), seed=0)
+        load_scenario(str(toml), seed=0)
     text, lines = str(error.value), toml.read_text().splitlines()
     line = next(n for n, t in enumerate(lines, 1) if t.startswith('name = "user_rewards'))
     assert text.startswith(f"{toml}:{line}: reward 'user_rewards:{fn}'") and message in text, text
@@ -257,13 +261,13 @@ def test_a_tool_scenario_leaves_room_for_a_whole_call() -> None:
     from art_rlvr.run import scenario_defaults
 
     for name in ("qa_search", "calc"):
-        task = load_task(name)
-        assert task.spec_max_tokens is not None and task.spec_max_tokens >= 48
-        assert scenario_defaults([f"scenario={name}"], task) == [
-            f"max_tokens={task.spec_max_tokens}"
+        scenario = load_scenario(name)
+        assert scenario.spec_max_tokens is not None and scenario.spec_max_tokens >= 48
+        assert scenario_defaults([f"scenario={name}"], scenario) == [
+            f"max_tokens={scenario.spec_max_tokens}"
         ]
-        assert scenario_defaults([f"scenario={name}", "max_tokens=16"], task) == []
-    assert scenario_defaults(["scenario=arith"], load_task("arith")) == []
+        assert scenario_defaults([f"scenario={name}", "max_tokens=16"], scenario) == []
+    assert scenario_defaults(["scenario=arith"], load_scenario("arith")) == []
 
 
 @pytest.mark.parametrize(
@@ -280,15 +284,15 @@ async def test_an_evaluation_reports_format_only_when_the_reward_measures_it(
     from art_rlvr.eval.evaluate import evaluate
     from art_rlvr.testing import ScriptedServer, Step
 
-    task = load_task(str(user_toml(reward_module, reward=reward)), seed=0)
-    scenarios = task.splits["train"] + task.splits["val"]
-    replies = [Step.reply("2")] * len(scenarios)  # the rollouts run concurrently
+    scenario = load_scenario(str(user_toml(reward_module, reward=reward)), seed=0)
+    examples = scenario.splits["train"] + scenario.splits["val"]
+    replies = [Step.reply("2")] * len(examples)  # the rollouts run concurrently
     with ScriptedServer(replies) as server:
         model = art.Model(
             name="fmt", project="t", inference_base_url=server.base_url,
             inference_api_key="k", inference_model_name="scripted",
         )  # fmt: skip
-        report = await evaluate(model, scenarios)
-    assert report.n == len(scenarios) == 3 and report.errors == 0
+        report = await evaluate(model, examples)
+    assert report.n == len(examples) == 3 and report.errors == 0
     assert (report.format_rate is not None) == formats
     assert ("format" in report.line()) == formats, report.line()

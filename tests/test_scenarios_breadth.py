@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.scenarios.scenario import builtin_scenarios
 from art_rlvr.scenarios.sources import ScenarioFileError, last_boxed
@@ -25,8 +25,8 @@ def rows(path: Path, items: list[dict]) -> Path:
     return write(path, "".join(json.dumps(item) + "\n" for item in items))
 
 
-def ids(task, split: str) -> list[str]:
-    return [sc.id for sc in task.splits[split]]
+def ids(scenario, split: str) -> list[str]:
+    return [sc.id for sc in scenario.splits[split]]
 
 
 def test_builtin_breadth_scenarios_are_listed() -> None:
@@ -43,23 +43,23 @@ def test_builtin_breadth_scenarios_are_listed() -> None:
     ],
 )
 def test_builtin_scenarios_load_with_disjoint_seeded_splits(name: str, sizes: tuple) -> None:
-    task = load_task(name, seed=0)
-    got = tuple(len(task.splits[s]) for s in ("train", "val", "test"))
+    scenario = load_scenario(name, seed=0)
+    got = tuple(len(scenario.splits[s]) for s in ("train", "val", "test"))
     assert got == sizes
-    every = [i for s in ("train", "val", "test") for i in ids(task, s)]
+    every = [i for s in ("train", "val", "test") for i in ids(scenario, s)]
     assert len(every) == len(set(every))
-    assert ids(load_task(name, seed=0), "val") == ids(task, "val")
-    assert ids(load_task(name, seed=1), "train") != ids(task, "train")
-    for split in task.splits.values():
+    assert ids(load_scenario(name, seed=0), "val") == ids(scenario, "val")
+    assert ids(load_scenario(name, seed=1), "train") != ids(scenario, "train")
+    for split in scenario.splits.values():
         for sc in split:
             assert sc.messages()[-1]["content"].strip()
 
 
 async def test_gsm8k_records_keep_solution_and_numeric_gold() -> None:
-    task = load_task("gsm8k", seed=0)
-    scenarios = [sc for split in task.splits.values() for sc in split]
-    assert len(scenarios) == 100
-    for sc in scenarios:
+    scenario = load_scenario("gsm8k", seed=0)
+    examples = [sc for split in scenario.splits.values() for sc in split]
+    assert len(examples) == 100
+    for sc in examples:
         assert sc.x["solution"] and "####" not in sc.x["solution"]
         assert sc.x["question"] in sc.messages()[-1]["content"]
         gold = sc.x["answer"]
@@ -77,13 +77,13 @@ def test_gsm8k_commas_paths_and_val_carved_from_train(tmp_path: Path) -> None:
         'paths = { train = "train.jsonl", test = "test.jsonl" }\nsplits = { val = 3 }\n'
         '[reward]\nname = "numeric"\n',
     )
-    task = load_task(str(toml), seed=0)
-    assert [len(task.splits[s]) for s in ("train", "val", "test")] == [7, 3, 1]
-    assert sorted(sc.x["answer"] for sc in task.splits["val"] + task.splits["train"]) == [
+    scenario = load_scenario(str(toml), seed=0)
+    assert [len(scenario.splits[s]) for s in ("train", "val", "test")] == [7, 3, 1]
+    assert sorted(sc.x["answer"] for sc in scenario.splits["val"] + scenario.splits["train"]) == [
         f"1{i:03d}" for i in range(10)
     ]
-    assert task.splits["test"][0].x["answer"] == "-2.5"
-    assert task.splits["test"][0].id == "test-1"  # no id in the file: stem and line
+    assert scenario.splits["test"][0].x["answer"] == "-2.5"
+    assert scenario.splits["test"][0].id == "test-1"  # no id in the file: stem and line
 
 
 GSM8K_HUB_TOML = (
@@ -151,7 +151,7 @@ def test_math_loader_takes_answer_from_last_boxed(tmp_path: Path) -> None:
         'name = "m"\nuser_template = "{problem}"\n[source]\ntype = "math"\npath = "m.jsonl"\n'
         '[reward]\nname = "math"\n',
     )
-    answers = sorted(sc.x["answer"] for sc in load_task(str(toml), seed=0).splits["train"])
+    answers = sorted(sc.x["answer"] for sc in load_scenario(str(toml), seed=0).splits["train"])
     assert answers == ["[2, 5)", "\\frac{1}{2}"]
 
 
@@ -172,11 +172,11 @@ def test_last_boxed(text: str, expected: str | None) -> None:
 
 
 def test_humaneval_records_come_from_the_installed_package() -> None:
-    task = load_task("humaneval", seed=0)
-    scenarios = [sc for split in task.splits.values() for sc in split]
-    assert len(scenarios) == 164
-    assert {sc.id for sc in scenarios} == {f"HumanEval/{i}" for i in range(164)}
-    sc = task.splits["val"][0]
+    scenario = load_scenario("humaneval", seed=0)
+    examples = [sc for split in scenario.splits.values() for sc in split]
+    assert len(examples) == 164
+    assert {sc.id for sc in examples} == {f"HumanEval/{i}" for i in range(164)}
+    sc = scenario.splits["val"][0]
     assert sc.x["prompt"] in sc.messages()[-1]["content"]
     assert {"prompt", "test", "entry_point", "canonical_solution"} <= sc.x.keys()
 
@@ -284,7 +284,7 @@ def test_bad_input_is_one_clear_error(
     else:
         rows(tmp_path / "d.jsonl", [GOOD_GSM8K])
     with pytest.raises(ScenarioFileError) as caught:
-        load_task(str(toml), seed=0)
+        load_scenario(str(toml), seed=0)
     text = str(caught.value)
     assert message in text and "\n" not in text
     assert str(tmp_path) in text  # names the file
@@ -293,7 +293,7 @@ def test_bad_input_is_one_clear_error(
 def test_malformed_scenario_file_names_file_and_line(tmp_path: Path) -> None:
     toml = write(tmp_path / "broken.toml", 'name = "x"\nuser_template = "{a}"\n[source\n')
     with pytest.raises(ScenarioFileError, match=r"broken\.toml: not valid TOML .*line 3"):
-        load_task(str(toml), seed=0)
+        load_scenario(str(toml), seed=0)
 
 
 # --- a user-defined scenario, end to end through the CLI ---------------------------------------

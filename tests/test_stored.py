@@ -17,12 +17,13 @@ from openai.types.chat.chat_completion import Choice
 
 from art_rlvr.core.outcome import completion_text, turns
 from art_rlvr.eval.journal import JournalRow, rebuilt
-from art_rlvr.rollouts import rollout, rollout_failure
+from art_rlvr.rollouts.functions import rollout_failure
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.rundir.reader import read_run_folder
 from art_rlvr.rundir.stored import TrajectoryFileError, parse_group, read_groups, stored_group
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 Make = Callable[[Any], Awaitable[art.TrajectoryGroup]]
@@ -30,25 +31,25 @@ Make = Callable[[Any], Awaitable[art.TrajectoryGroup]]
 
 async def single_turn(model: art.TrainableModel) -> art.TrajectoryGroup:
     """Two samples of the embedded model on arithmetic: `Choice`s with token ids, logprobs."""
-    scenario = load_task("arith").splits["val"][0]
+    example = load_scenario("arith").splits["val"][0]
     sampling = SamplingConfig(max_tokens=8, temperature=1.0)
     samples = [
-        await rollout(model, scenario, sampling=sampling.model_copy(update={"seed": s}))
+        await rollout(model, example, sampling=sampling.model_copy(update={"seed": s}))
         for s in (1, 2)
     ]
-    return art.TrajectoryGroup(samples, metadata={"scenario_id": scenario.id}, metrics={"k": 1})
+    return art.TrajectoryGroup(samples, metadata={"scenario_id": example.id}, metrics={"k": 1})
 
 
 async def tool_episode(_: art.TrainableModel) -> art.TrajectoryGroup:
     """calc through the scripted server: a tool call, the tool's result, the answer."""
-    scenario = load_task("calc").splits["val"][0]
-    x = scenario.x
+    example = load_scenario("calc").splits["val"][0]
+    x = example.x
     script = [
         Step.calls(("multiply", json.dumps({"a": x["a"], "b": x["b"]}))),
         Step.reply(str(x["answer"])),
     ]
     with ScriptedServer(script) as server:
-        t = await rollout(scripted_model(server), scenario, sampling=SamplingConfig(temperature=0))
+        t = await rollout(scripted_model(server), example, sampling=SamplingConfig(temperature=0))
     assert t.tools and any(m.get("role") == "tool" for m in turns(t))
     return art.TrajectoryGroup([t])
 

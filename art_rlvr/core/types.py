@@ -4,7 +4,7 @@ and an episode bound to its record.
 A record `x` is opaque (only a scenario's own reward and environment read it); a reward, an
 episode's reward and a trajectory's outcome all say the same thing, a `Score`; an environment
 answers a turn with a `Reply`; an `Episode` is everything the one rollout loop
-(`art_rlvr.rollouts.run_episode`) needs to run one record. Everything here is data: no ART, no
+(`art_rlvr.rollouts.loop.run_episode`) needs to run one record. Everything here is data: no ART, no
 torch, nothing to load.
 """
 
@@ -92,7 +92,7 @@ DEFAULT_TOOL_TIMEOUT_S = 10.0
 class Episode:
     """One record's episode with everything bound to the record, so the loop never reads `x`.
 
-    `messages`: the opening. `tools`: functions (or `art_rlvr.rollouts.tools.Tool`s) the model may call.
+    `messages`: the opening. `tools`: functions (or `rollouts.tools.Tool`s) the model may call.
     `respond(episode so far)`: the answer to each turn, a `Reply`, a str (one user message) or
     None (nothing to add), sync or async; None: nothing answers. `reward(episode)`: R(x, episode)
     as a `Score`, a number in [0, 1] or a bool; None: the caller scores the last reply (a

@@ -1,6 +1,6 @@
 """EIConfig: every knob of an expert-iteration run, validated and frozen.
 
-Imported by `art_rlvr.config.run_config` (the CLI validates keys before `import art`), so this module may
+Imported by `config.run_config` (the CLI validates keys before `import art`), so this module may
 import pydantic and `art_rlvr.llm.client` (which imports litellm lazily) but nothing heavy.
 """
 
@@ -15,7 +15,7 @@ from art_rlvr.rollouts.sampling import GroupSize, MaxTokens, Temperature, TopP
 from art_rlvr.scenarios.scenario import tool_choice_problem
 
 if TYPE_CHECKING:
-    from art_rlvr.scenarios.scenario import Task
+    from art_rlvr.scenarios.scenario import Scenario
 
 TEACHER_DEFAULTS = {"max_tokens": 256}  # a hint is short
 
@@ -127,13 +127,15 @@ def record_field(x: Any, path: str) -> Any:
     return x
 
 
-def start_problem(config: EIConfig, task: Task, system_prompt: str | None = None) -> str | None:
+def start_problem(
+    config: EIConfig, scenario: Scenario, system_prompt: str | None = None
+) -> str | None:
     """Why expert iteration cannot run on `task` under the run's `system_prompt` (an empty
     train split, a teacher without the gold answer field, a search tool_choice the scenario has
     no tool for, a rollout function without a context and no system prompt to put the hint
     in), or None. Pure and light: the CLI asks before any model loads, the loop again when it
     starts."""
-    fn, prompt = task.rollout_fn, system_prompt or task.default_system_prompt
+    fn, prompt = scenario.rollout_fn, system_prompt or scenario.default_system_prompt
     if fn is not None and not fn.takes_context and not prompt:
         return (
             f"rollout function {fn.ref!r} takes (model, record) and the scenario has no "
@@ -142,16 +144,16 @@ def start_problem(config: EIConfig, task: Task, system_prompt: str | None = None
             "system_prompt (the clean one), or add a third parameter `context` and send "
             "`context.system_prompt`"
         )
-    train = task.splits["train"]
+    train = scenario.splits["train"]
     if not train:
-        return f"scenario {task.name} has an empty train split; EI needs one"
+        return f"scenario {scenario.name} has an empty train split; EI needs one"
     if config.enable_teacher_hints and record_field(train[0].x, config.answer_field) is None:
         return (
-            f"answer_field={config.answer_field!r} is not a field of {task.name} records "
+            f"answer_field={config.answer_field!r} is not a field of {scenario.name} records "
             f"(fields: {', '.join(sorted(train[0].x))}; a nested one as data.answer); the "
             "teacher needs the gold answer"
         )
-    tools = task.environment.tools if task.environment is not None else ()
+    tools = scenario.environment.tools if scenario.environment is not None else ()
     if problem := tool_choice_problem(config.search_tool_choice, tools):
-        return f"ei.search_tool_choice: {problem} (scenario {task.name})"
+        return f"ei.search_tool_choice: {problem} (scenario {scenario.name})"
     return None

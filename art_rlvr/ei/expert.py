@@ -50,8 +50,9 @@ from art_rlvr.ei.stages import (
 )
 from art_rlvr.llm.client import LLMClient
 from art_rlvr.observe import tracing
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_seed
-from art_rlvr.scenarios.scenario import Scenario, Task, batch_scenarios
+from art_rlvr.rollouts.rollout import gather_groups, rollout
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
+from art_rlvr.scenarios.scenario import Example, Scenario, batch_examples
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class RoundOutput:
 
 async def hinted_group(
     model: art.Model,
-    scenario: Scenario,
+    example: Example,
     messages: list[dict[str, str]] | None,
     n: int,
     sampling: SamplingConfig,
@@ -80,13 +81,13 @@ async def hinted_group(
     a rollout function, that receive the hinted `system_prompt`; the scenario's reward scores
     them."""
     configs = [
-        sampling.model_copy(update={"seed": rollout_seed(seed, scenario.id, i)}) for i in range(n)
+        sampling.model_copy(update={"seed": rollout_seed(seed, example.id, i)}) for i in range(n)
     ]
     return await art.trajectory_group(
         [
             rollout(
                 model,
-                scenario,
+                example,
                 system_prompt=system_prompt,
                 sampling=c,
                 messages=messages,
@@ -94,14 +95,14 @@ async def hinted_group(
             )
             for c in configs
         ],
-        metadata={"scenario_id": scenario.id, "hinted": True},
+        metadata={"scenario_id": example.id, "hinted": True},
         return_exceptions=False,
     )
 
 
 async def sample_attempts(
     model: art.Model,
-    scenarios: Sequence[Scenario],
+    batch: Sequence[Example],
     config: EIConfig,
     round_index: int,
     *,
@@ -113,7 +114,7 @@ async def sample_attempts(
     counted, up to `max_exceptions`, as in ART)."""
     return await gather_groups(
         model,
-        scenarios,
+        batch,
         config.group_size,
         system_prompt=system_prompt,
         sampling=sampling,
@@ -124,20 +125,20 @@ async def sample_attempts(
 
 
 def problem_text(
-    scenario: Scenario, clean: art.TrajectoryGroup, system_prompt: str | None, answer_field: str
+    example: Example, clean: art.TrajectoryGroup, system_prompt: str | None, answer_field: str
 ) -> str:
     """The problem as the student saw it: the last user message of its clean prompt (a rollout
     function's, as its first attempt sent it), else the record without its answer field."""
     for t in clean.trajectories:
-        opening = clean_opening(scenario, system_prompt, t)
+        opening = clean_opening(example, system_prompt, t)
         if said := [message_text(m) for m in opening if m.get("role") == "user"]:
             return said[-1]
-    return json.dumps({k: v for k, v in scenario.x.items() if k != answer_field}, default=str)
+    return json.dumps({k: v for k, v in example.x.items() if k != answer_field}, default=str)
 
 
 async def ask_teacher(
     teacher: LLMClient,
-    scenario: Scenario,
+    example: Example,
     clean: art.TrajectoryGroup,
     problem: str,
     config: EIConfig,
@@ -146,10 +147,10 @@ async def ask_teacher(
     solution if any, and the most common failed attempt."""
     return await obtain_hint(
         teacher,
-        scenario_id=scenario.id,
+        scenario_id=example.id,
         problem=problem,
-        answer=gold_answer(scenario, config.answer_field),
-        solution=reference_solution(scenario, config.solution_field),
+        answer=gold_answer(example, config.answer_field),
+        solution=reference_solution(example, config.solution_field),
         attempt=most_common_failure(clean.trajectories),
         config=config,
     )
@@ -157,7 +158,7 @@ async def ask_teacher(
 
 async def hint_and_retry(
     model: art.Model,
-    scenario: Scenario,
+    example: Example,
     clean: art.TrajectoryGroup,
     *,
     teacher: LLMClient,
@@ -169,23 +170,23 @@ async def hint_and_retry(
 ) -> Hinted:
     """Hint one unsolved scenario and sample under the hinted prompt (a rollout function:
     under the hinted system prompt it is handed)."""
-    problem = problem_text(scenario, clean, system_prompt, config.answer_field)
+    problem = problem_text(example, clean, system_prompt, config.answer_field)
     async with gate:  # one scenario's whole conversation at a time per slot: a stable order
-        outcome = await ask_teacher(teacher, scenario, clean, problem, config)
+        outcome = await ask_teacher(teacher, example, clean, problem, config)
     if outcome.hint is None:
-        return Hinted(scenario, clean, outcome, None)
-    if scenario.task.rollout_fn is None:
+        return Hinted(example, clean, outcome, None)
+    if example.scenario.rollout_fn is None:
         prompt, system = (
-            hinted_prompt(list(clean_messages(scenario, system_prompt)), outcome.hint),
+            hinted_prompt(list(clean_messages(example, system_prompt)), outcome.hint),
             None,
         )
     else:
-        base = scenario.task.default_system_prompt if system_prompt is None else system_prompt
+        base = example.scenario.default_system_prompt if system_prompt is None else system_prompt
         prompt, system = None, hinted_system(base, outcome.hint)
     try:
         group = await hinted_group(
             model,
-            scenario,
+            example,
             prompt,
             config.hinted_samples,
             sampling,
@@ -193,14 +194,14 @@ async def hint_and_retry(
             system_prompt=system,
         )
     except Exception as error:  # a failed rollout group is counted, like ART's max_exceptions
-        log.error("hinted rollouts of %s failed: %s", scenario.id, error)
-        return Hinted(scenario, clean, outcome, None, error=str(error))
-    return Hinted(scenario, clean, outcome, group)
+        log.error("hinted rollouts of %s failed: %s", example.id, error)
+        return Hinted(example, clean, outcome, None, error=str(error))
+    return Hinted(example, clean, outcome, group)
 
 
 async def hint_failures(
     model: art.Model,
-    unsolved: Sequence[tuple[Scenario, art.TrajectoryGroup]],
+    unsolved: Sequence[tuple[Example, art.TrajectoryGroup]],
     *,
     teacher: LLMClient | None,
     config: EIConfig,
@@ -214,11 +215,11 @@ async def hint_failures(
         return []
     if teacher is None:
         raise ValueError("enable_teacher_hints is set but no teacher client was given")
-    for scenario, _ in unsolved:
-        if record_field(scenario.x, config.answer_field) is None:
+    for example, _ in unsolved:
+        if record_field(example.x, config.answer_field) is None:
             raise ValueError(
-                f"scenario {scenario.id} has no field {config.answer_field!r} for the teacher "
-                f"(answer_field); its fields: {sorted(scenario.x)}"
+                f"scenario {example.id} has no field {config.answer_field!r} for the teacher "
+                f"(answer_field); its fields: {sorted(example.x)}"
             )
     gate = asyncio.Semaphore(config.teacher_concurrency)
     seed = rollout_seed(config.seed, "ei-hinted", round_index)
@@ -227,7 +228,7 @@ async def hint_failures(
             *(
                 hint_and_retry(
                     model,
-                    scenario,
+                    example,
                     group,
                     teacher=teacher,
                     gate=gate,
@@ -236,7 +237,7 @@ async def hint_failures(
                     sampling=sampling,
                     seed=seed,
                 )
-                for scenario, group in unsolved
+                for example, group in unsolved
             )
         )
     )
@@ -256,7 +257,7 @@ async def hint_reliance(
     kept = [(r, t) for r in recovered for t in r.best]
     if not (config.hint_reliance and kept):
         return None
-    if any(r.hinted.scenario.task.rollout_fn is not None for r, _ in kept):
+    if any(r.hinted.example.scenario.rollout_fn is not None for r, _ in kept):
         log.info("hint reliance: n/a for rollout functions (they build their own prompts)")
         return None
     if not all(single_reply(t) for _, t in kept):
@@ -264,7 +265,7 @@ async def hint_reliance(
         return None
     pairs = []
     for r, t in kept:
-        clean = list(clean_messages(r.hinted.scenario, system_prompt))
+        clean = list(clean_messages(r.hinted.example, system_prompt))
         hint = r.hinted.outcome.hint or ""
         pairs.append((hinted_prompt(clean, hint), clean, completion_text(t)))
     return await score_reliance(backend, model, pairs)
@@ -296,7 +297,7 @@ async def score_reliance(
 @tracing.op("art_rlvr.ei.round", inputs=tracing.ei_round_inputs, output=tracing.ei_round_output)
 async def collect_round(
     model: art.Model,
-    task: Task,
+    scenario: Scenario,
     config: EIConfig,
     round_index: int,
     *,
@@ -313,20 +314,18 @@ async def collect_round(
         top_p=cfg.top_p,
         tool_choice=cfg.search_tool_choice,
     )
-    scenarios = batch_scenarios(
-        task.splits["train"], cfg.scenarios_per_round, cfg.seed, round_index
-    )
+    batch = batch_examples(scenario.splits["train"], cfg.scenarios_per_round, cfg.seed, round_index)
     began = time.monotonic()
     groups = await sample_attempts(
         model,
-        scenarios,
+        batch,
         cfg,
         round_index,
         system_prompt=system_prompt,
         sampling=sampling,
         max_exceptions=max_exceptions,
     )
-    selection = select_solved(groups, scenarios, cfg, system_prompt)
+    selection = select_solved(groups, batch, cfg, system_prompt)
     sampled_at = time.monotonic()
     hinted = await hint_failures(
         model,
@@ -350,7 +349,7 @@ async def collect_round(
     stats = round_stats(
         round_index,
         config=cfg,
-        scenarios=len(scenarios),
+        scenarios=len(batch),
         groups=len(groups),
         selection=selection,
         hinted=hinted,
@@ -363,7 +362,7 @@ async def collect_round(
     )
     buffer = RoundBuffer(
         round=round_index,
-        scenario_ids=tuple(sc.id for sc in scenarios),
+        scenario_ids=tuple(sc.id for sc in batch),
         examples=tuple(examples),
         rl_groups=tuple(rl_groups) if cfg.distill == "rl" else (),
         hints=tuple(verified.records),

@@ -3,7 +3,7 @@
 The teacher (any litellm model; with no key, the embedded model through its own endpoint) sees
 the problem as the student saw it, the gold answer, the reference solution where the record has
 one, and the student's failed attempt, and is told to write a short hint without the answer.
-The deterministic leak check (`art_rlvr.scenarios.leakage`) enforces that: a hint stating the answer in
+The deterministic leak check (`scenarios.leakage`) enforces that: a hint stating the answer in
 any normalised form is refused and the teacher is asked again, up to `max_hint_attempts`
 replies, after which the scenario is dropped for the round. Hints are bounded by
 `max_hint_chars` (cut at a word boundary). A teacher call that fails after its retries is

@@ -35,12 +35,12 @@ from art_rlvr.core.outcome import episode_items as trajectory_items
 from art_rlvr.ei.data import DistillExample, Episode, RLGroup
 from art_rlvr.ei.hints import echoes_hint, hinted_prompt, hinted_system
 from art_rlvr.scenarios.leakage import quotes
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 
-def clean_messages(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, str], ...]:
+def clean_messages(example: Example, system_prompt: str | None) -> tuple[dict[str, str], ...]:
     """Exactly the messages a clean rollout of `scenario` sends."""
-    return tuple(dict(m) for m in scenario.messages(system_prompt))
+    return tuple(dict(m) for m in example.messages(system_prompt))
 
 
 def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, Any], ...]:
@@ -52,29 +52,29 @@ def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, Any], ...]:
 
 
 def clean_opening(
-    scenario: Scenario, system_prompt: str | None, trajectory: art.Trajectory
+    example: Example, system_prompt: str | None, trajectory: art.Trajectory
 ) -> tuple[dict[str, Any], ...]:
     """The prompt an attempt is distilled under: the scenario's own, rebuilt (never taken from
     a rollout); a rollout function builds its own, so its clean or relabelled attempt's."""
-    if scenario.task.rollout_fn is None:
-        return clean_messages(scenario, system_prompt)
+    if example.scenario.rollout_fn is None:
+        return clean_messages(example, system_prompt)
     return opening_of(trajectory)
 
 
-def shared_opening(scenario: Scenario, system_prompt: str | None) -> tuple[dict[str, Any], ...]:
+def shared_opening(example: Example, system_prompt: str | None) -> tuple[dict[str, Any], ...]:
     """The prompt a `distill=rl` group shares: the scenario's clean one. A rollout function's
     episodes each keep their own opening (an agent may word it differently every time)."""
-    return () if scenario.task.rollout_fn is not None else clean_messages(scenario, system_prompt)
+    return () if example.scenario.rollout_fn is not None else clean_messages(example, system_prompt)
 
 
 def relabel_hinted_episode(
-    scenario: Scenario, system_prompt: str | None, trajectory: art.Trajectory, hint: str
+    example: Example, system_prompt: str | None, trajectory: art.Trajectory, hint: str
 ) -> art.Trajectory | None:
     """A hinted episode under the clean prompt, wherever the hint went in (None: a rollout
     function's episode that cannot be relabelled)."""
-    if scenario.task.rollout_fn is None:
-        return relabel_episode(trajectory, clean_messages(scenario, system_prompt), hint)
-    clean = scenario.task.default_system_prompt if system_prompt is None else system_prompt
+    if example.scenario.rollout_fn is None:
+        return relabel_episode(trajectory, clean_messages(example, system_prompt), hint)
+    clean = example.scenario.default_system_prompt if system_prompt is None else system_prompt
     return relabel_function_episode(trajectory, clean, hinted_system(clean, hint))
 
 
@@ -238,7 +238,7 @@ def episode_items(episode: Episode) -> list[MessageOrChoice]:
 
 
 def example_from(
-    scenario: Scenario,
+    example: Example,
     system_prompt: str | None,
     trajectory: art.Trajectory,
     source: Literal["clean", "hinted"],
@@ -246,9 +246,9 @@ def example_from(
 ) -> DistillExample:
     """An SFT example: the clean prompt and the episode's turns after its opening (SFT learns
     text only, so no token data is stored)."""
-    messages = clean_opening(scenario, system_prompt, trajectory)
+    messages = clean_opening(example, system_prompt, trajectory)
     return DistillExample(
-        scenario_id=scenario.id,
+        scenario_id=example.id,
         messages=messages,
         completion=completion_text(trajectory),
         reward=trajectory.reward,

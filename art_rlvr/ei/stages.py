@@ -30,17 +30,17 @@ from art_rlvr.ei.relabel import (
     rl_group,
     shared_opening,
 )
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 log = logging.getLogger(__name__)
 
 
-def gold_answer(scenario: Scenario, field: str) -> str:
-    return str(record_field(scenario.x, field)).strip()
+def gold_answer(example: Example, field: str) -> str:
+    return str(record_field(example.x, field)).strip()
 
 
-def reference_solution(scenario: Scenario, field: str | None) -> str | None:
-    value = record_field(scenario.x, field) if field else None
+def reference_solution(example: Example, field: str | None) -> str | None:
+    value = record_field(example.x, field) if field else None
     return (str(value).strip() or None) if value is not None else None
 
 
@@ -68,33 +68,33 @@ class Selection:
 
     examples: list[DistillExample]
     rl_groups: list[RLGroup]
-    unsolved: list[tuple[Scenario, art.TrajectoryGroup]]
+    unsolved: list[tuple[Example, art.TrajectoryGroup]]
     attempts: int
     correct: int
 
 
 def select_solved(
     groups: Sequence[art.TrajectoryGroup],
-    scenarios: Sequence[Scenario],
+    batch: Sequence[Example],
     config: EIConfig,
     system_prompt: str | None,
 ) -> Selection:
     """A solved scenario gives its best clean attempts (and its whole group, for
     `distill=rl`); an unsolved one goes on to the teacher."""
-    by_id = {sc.id: sc for sc in scenarios}
+    by_id = {sc.id: sc for sc in batch}
     examples: list[DistillExample] = []
     rl_groups: list[RLGroup] = []
-    unsolved: list[tuple[Scenario, art.TrajectoryGroup]] = []
+    unsolved: list[tuple[Example, art.TrajectoryGroup]] = []
     for group in groups:
-        scenario = by_id[group.trajectories[0].metadata["scenario_id"]]
+        example = by_id[group.trajectories[0].metadata["scenario_id"]]
         trajectories = list(group.trajectories)
         best = best_attempts(trajectories, config.keep_per_x)
         if not best:
-            unsolved.append((scenario, group))
+            unsolved.append((example, group))
             continue
-        examples += [example_from(scenario, system_prompt, t, "clean") for t in best]
-        messages = shared_opening(scenario, system_prompt)
-        rl_groups.append(rl_group(scenario.id, messages, [(t, False) for t in trajectories]))
+        examples += [example_from(example, system_prompt, t, "clean") for t in best]
+        messages = shared_opening(example, system_prompt)
+        rl_groups.append(rl_group(example.id, messages, [(t, False) for t in trajectories]))
     trajectories = [t for g in groups for t in g.trajectories]
     return Selection(
         examples, rl_groups, unsolved, len(trajectories), sum(map(is_correct, trajectories))
@@ -106,7 +106,7 @@ class Hinted:
     """One unsolved scenario after the teacher: its clean group, the hint outcome, and the
     hinted group (None without a hint, or when its rollouts failed: `error`)."""
 
-    scenario: Scenario
+    example: Example
     clean: art.TrajectoryGroup
     outcome: HintOutcome
     group: art.TrajectoryGroup | None
@@ -149,7 +149,7 @@ def relabel_hinted(
             relabelled = [
                 t
                 for t in (
-                    relabel_hinted_episode(item.scenario, system_prompt, t, hint) for t in group
+                    relabel_hinted_episode(item.example, system_prompt, t, hint) for t in group
                 )
                 if t is not None
             ]
@@ -192,15 +192,15 @@ def hinted_training_data(
     groups: list[RLGroup] = []
     per_token: list[float] = []
     for r in recovered:
-        scenario = r.hinted.scenario
+        example = r.hinted.example
         for t in r.best:
             value = next(values) if values is not None else None
             if value is not None:
                 per_token.append(value / max(1.0, float(t.metrics.get("completion_tokens", 1))))
-            examples.append(example_from(scenario, system_prompt, t, "hinted", value))
+            examples.append(example_from(example, system_prompt, t, "hinted", value))
         failed = [(t, False) for t in r.hinted.clean.trajectories if not is_correct(t)]
-        messages = shared_opening(scenario, system_prompt)
-        groups.append(rl_group(scenario.id, messages, [*((t, True) for t in r.best), *failed]))
+        messages = shared_opening(example, system_prompt)
+        groups.append(rl_group(example.id, messages, [*((t, True) for t in r.best), *failed]))
     return examples, groups, per_token
 
 

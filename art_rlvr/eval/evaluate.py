@@ -13,9 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.core.outcome import is_correct
 from art_rlvr.observe import tracing
-from art_rlvr.rollouts import RolloutFunctionError, SamplingConfig, rollout, rollout_failure
+from art_rlvr.rollouts.functions import RolloutFunctionError, rollout_failure
+from art_rlvr.rollouts.rollout import rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 
 def describe(error: BaseException) -> str:
@@ -66,27 +68,27 @@ class EvalReport(BaseModel):
 @tracing.op("art_rlvr.evaluate", inputs=tracing.evaluate_inputs, output=tracing.evaluate_output)
 async def evaluate(
     model: art.Model,
-    scenarios: Sequence[Scenario],
+    examples: Sequence[Example],
     *,
     system_prompt: str | None = None,
     sampling: SamplingConfig = SamplingConfig(temperature=0.0),
     split: str = "val",
     step: int | None = None,
 ) -> EvalReport:
-    if not scenarios:
+    if not examples:
         raise ValueError(f"no {split} scenarios to evaluate")
     results = await art.gather_trajectories(
         [
             rollout(model, sc, system_prompt=system_prompt, sampling=sampling, step=step)
-            for sc in scenarios
+            for sc in examples
         ],
         pbar_desc=f"eval {split}",
-        max_exceptions=len(scenarios),
+        max_exceptions=len(examples),
     )
     results = [failure_of(r) for r in results]
     trajectories = [r for r in results if isinstance(r, art.Trajectory)]
     failures = [r for r in results if isinstance(r, BaseException)]
-    n = len(scenarios)
+    n = len(examples)
     first_error = describe(failures[0]) if failures else None
     if not trajectories:
         raise RolloutsFailed(f"all {n} {split} rollouts failed; the first: {first_error}")

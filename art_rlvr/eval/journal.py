@@ -8,7 +8,7 @@ An evaluation lives in `evals/<split>_<step>/` of the run folder:
   finished, the results: pass@k, pass^k, mean reward and metrics, tokens, wall time over every
   session, cost where the provider reports one, package versions.
 - `rollouts.jsonl`: one line per finished rollout (item id, sample index, seed, the whole
-  trajectory as `art_rlvr.rundir.stored` keeps it, the session and what it had spent so far), appended
+  trajectory as `rundir.stored` keeps it, the session and what it had spent so far), appended
   and fsynced. A reused rollout is the very trajectory, token data included; a journal of the
   layout before (a readable `row` per rollout) still resumes.
 
@@ -42,13 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from art_rlvr.core.text import prompt_hash
 from art_rlvr.eval.evaluate import SampledReport, describe, mean_pass_all_k, mean_pass_at_k
 from art_rlvr.observe import tracing
-from art_rlvr.rollouts import (
-    RolloutFunctionError,
-    SamplingConfig,
-    rollout,
-    rollout_failure,
-    rollout_seed,
-)
+from art_rlvr.rollouts.functions import RolloutFunctionError, rollout_failure
+from art_rlvr.rollouts.rollout import rollout
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.rundir.files import (
     StateFileError,
@@ -58,13 +54,13 @@ from art_rlvr.rundir.files import (
     write_json_atomic,
 )
 from art_rlvr.rundir.stored import StoredTrajectory, legacy_trajectory, stored_trajectory
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 
-def correct_rule_of(scenarios: Sequence[Scenario]) -> str:
+def correct_rule_of(examples: Sequence[Example]) -> str:
     """`outcome.is_correct`'s rule for these scenarios, in words (each task's, when they differ:
     a mixture of a [0, 1] reward and a rollout function's ART rewards)."""
-    rules = {s.task.name: s.task.correct_rule for s in scenarios}
+    rules = {s.scenario.name: s.scenario.correct_rule for s in examples}
     said = (
         next(iter(rules.values()))
         if len(set(rules.values())) == 1
@@ -142,8 +138,8 @@ class JournalRow(BaseModel):
         return self.stored.correct
 
 
-def items_digest(scenarios: Sequence[Scenario]) -> str:
-    blob = json.dumps([[s.id, s.x] for s in scenarios], sort_keys=True, default=str)
+def items_digest(examples: Sequence[Example]) -> str:
+    blob = json.dumps([[s.id, s.x] for s in examples], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -248,7 +244,7 @@ def _output(result: EvalResult) -> dict[str, Any]:
 @tracing.op("art_rlvr.evaluate", inputs=_inputs, output=_output)
 async def evaluate_resumable(
     model: Any,
-    scenarios: Sequence[Scenario],
+    examples: Sequence[Example],
     *,
     folder: Path,
     plan: EvalPlan,
@@ -263,14 +259,14 @@ async def evaluate_resumable(
     seeded from (plan.seed, scenario id, i), journaled in `folder` as each finishes; rollouts
     already journaled there are reused. `spent` reads the policy's running spending; `about`
     goes into the metadata as is (model, versions)."""
-    if not scenarios:
+    if not examples:
         raise ValueError(f"no {plan.split} scenarios to evaluate")
     started = time.monotonic()
     folder.mkdir(parents=True, exist_ok=True)
     meta = open_plan(folder, plan)
     journal = folder / "rollouts.jsonl"
     n = plan.samples
-    wanted = {(s.id, i) for s in scenarios for i in range(n)}
+    wanted = {(s.id, i) for s in examples for i in range(n)}
     earlier = read_journal(journal, plan, wanted)
     done = {r.key for r in earlier}
     session = max((r.session for r in earlier), default=0) + 1
@@ -278,11 +274,11 @@ async def evaluate_resumable(
 
     fresh: list[tuple[JournalRow, art.Trajectory]] = []
 
-    async def one(scenario: Scenario, i: int) -> art.Trajectory:
-        seed = rollout_seed(plan.seed, scenario.id, i)
+    async def one(example: Example, i: int) -> art.Trajectory:
+        seed = rollout_seed(plan.seed, example.id, i)
         trajectory = await rollout(
             model,
-            scenario,
+            example,
             system_prompt=system_prompt,
             sampling=sampling.model_copy(update={"seed": seed}),
             limiter=limiter,
@@ -291,10 +287,10 @@ async def evaluate_resumable(
         if reason := rollout_failure(trajectory):  # not journaled: a resume runs it again
             raise RolloutFunctionError(reason)
         row = JournalRow(
-            item=scenario.id,
+            item=example.id,
             sample=i,
             seed=seed,
-            task=scenario.task.name,
+            task=example.scenario.name,
             session=session,
             session_seconds=time.monotonic() - started,
             spent=spent(),
@@ -304,7 +300,7 @@ async def evaluate_resumable(
         fresh.append((row, trajectory))
         return trajectory
 
-    todo = [(s, i) for s in scenarios for i in range(n) if (s.id, i) not in done]
+    todo = [(s, i) for s in examples for i in range(n) if (s.id, i) not in done]
     results = await art.gather_trajectories(
         [one(s, i) for s, i in todo],
         pbar_desc=f"eval {plan.split} x{n}" + (f" ({len(done)} done before)" if done else ""),
@@ -318,14 +314,14 @@ async def evaluate_resumable(
         )
     booked = {row.key: (row, rebuilt(row)) for row in earlier}
     booked |= {row.key: (row, t) for row, t in fresh}
-    report = sampled_report(plan, scenarios, booked, len(failures), first_error, ks)
+    report = sampled_report(plan, examples, booked, len(failures), first_error, ks)
     seconds, before, sessions = session_totals(earlier)
     now = spent()
     total = add_spent(before, now) if before is not None and now is not None else None
     metadata = {
         **meta,
         "status": "done" if not failures else "incomplete",
-        "correct_rule": correct_rule_of(scenarios),
+        "correct_rule": correct_rule_of(examples),
         "pass_at_k": report.pass_at,
         "pass_all_k": report.pass_all,
         "reward_mean": report.mean_reward,
@@ -343,14 +339,14 @@ async def evaluate_resumable(
         **(about or {}),
     }
     write_json_atomic(folder / "metadata.json", metadata)
-    order = [(s.id, i) for s in scenarios for i in range(n)]
+    order = [(s.id, i) for s in examples for i in range(n)]
     rows = [booked[key][0] for key in order if key in booked]
     return EvalResult(report=report, metadata=metadata, rows=rows, reused=len(earlier))
 
 
 def sampled_report(
     plan: EvalPlan,
-    scenarios: Sequence[Scenario],
+    examples: Sequence[Example],
     booked: dict[tuple[str, int], tuple[JournalRow, art.Trajectory]],
     errors: int,
     first_error: str | None,
@@ -359,14 +355,14 @@ def sampled_report(
     """pass@k and pass^k over the items (a sample that errored counts as incorrect), in
     the scenarios' order, with one group per item."""
     n = plan.samples
-    per_item = [[booked[(s.id, i)] for i in range(n) if (s.id, i) in booked] for s in scenarios]
+    per_item = [[booked[(s.id, i)] for i in range(n) if (s.id, i) in booked] for s in examples]
     correct = [sum(row.correct for row, _ in item) for item in per_item]
     trajectories = [t for item in per_item for _, t in item]
-    total = len(scenarios) * n
+    total = len(examples) * n
     kset = sorted({1, *ks})
     return SampledReport(
         split=plan.split,
-        items=len(scenarios),
+        items=len(examples),
         samples=n,
         pass_at={k: mean_pass_at_k(correct, n, k) for k in kset},
         pass_all={k: mean_pass_all_k(correct, n, k) for k in kset},
@@ -381,7 +377,7 @@ def sampled_report(
         first_error=first_error,
         groups=[
             art.TrajectoryGroup([t for _, t in item], metadata={"scenario_id": s.id})
-            for s, item in zip(scenarios, per_item, strict=True)
+            for s, item in zip(examples, per_item, strict=True)
             if item
         ],
     )
@@ -404,7 +400,7 @@ def plan_for(
     policy: str,
     scenario: str,
     files: Sequence[Path],
-    scenarios: Sequence[Scenario],
+    examples: Sequence[Example],
     samples: int,
     sampling: SamplingConfig,
     seed: int,
@@ -416,8 +412,8 @@ def plan_for(
         policy=policy,
         scenario=scenario,
         scenario_files=file_digests(files),
-        items=len(scenarios),
-        items_sha256=items_digest(scenarios),
+        items=len(examples),
+        items_sha256=items_digest(examples),
         samples=samples,
         sampling=sampling.model_dump(mode="json", exclude={"seed"}),
         seed=seed,

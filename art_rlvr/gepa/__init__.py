@@ -23,7 +23,7 @@ _EXPORTS = {
     "HistoryEvent": "art_rlvr.gepa.data",
     "Rejection": "art_rlvr.gepa.data",
     "RejectionKind": "art_rlvr.gepa.data",
-    "ScenarioEval": "art_rlvr.gepa.data",
+    "ExampleEval": "art_rlvr.gepa.data",
     "choose_seed_prompt": "art_rlvr.gepa.start",
 }
 

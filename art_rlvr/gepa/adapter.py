@@ -29,15 +29,16 @@ from gepa.core.adapter import EvaluationBatch
 
 from art_rlvr.core.outcome import completion_text, episode_items, is_sampled, outcome_of, turns
 from art_rlvr.core.text import prompt_hash
-from art_rlvr.gepa.data import RolloutTrace, ScenarioEval
+from art_rlvr.gepa.data import ExampleEval, RolloutTrace
 from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
-from art_rlvr.rollouts import SamplingConfig, gather_groups
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.rollouts.rollout import gather_groups
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import Example
 
 # the store's names, still importable from here (tests/backend/test_backends.py,
 # tests/loops/test_faults.py)
-__all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "scenario_eval"]
+__all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "example_eval"]
 
 COMPONENT = "system_prompt"
 
@@ -67,12 +68,12 @@ def rollout_trace(trajectory: art.Trajectory) -> RolloutTrace:
     )
 
 
-def scenario_eval(group: art.TrajectoryGroup, prompt: str) -> ScenarioEval:
+def example_eval(group: art.TrajectoryGroup, prompt: str) -> ExampleEval:
     """A prompt's group on one scenario, read from the trajectories' outcome contract."""
     trajectories = list(group.trajectories)
     given = split_episode(trajectories[0])[0] if trajectories else []
     scenario_id = group.metadata.get("scenario_id") or trajectories[0].metadata["scenario_id"]
-    return ScenarioEval(
+    return ExampleEval(
         scenario_id=str(scenario_id),
         prompt_hash=prompt_hash(prompt),
         inputs="\n\n".join(str(m.get("content", "")) for m in given if m.get("role") != "system"),
@@ -106,9 +107,9 @@ class ARTPromptAdapter:
         self.max_episode_chars = max_episode_chars
         self.loop = loop
 
-    async def aevaluate(self, scenarios: Sequence[Scenario], prompt: str) -> list[ScenarioEval]:
+    async def aevaluate(self, examples: Sequence[Example], prompt: str) -> list[ExampleEval]:
         """One ScenarioEval per scenario; only the ones never run for this prompt cost calls."""
-        todo = self.store.missing(prompt, scenarios)
+        todo = self.store.missing(prompt, examples)
         if todo:
             self.store.reserve(len(todo) * self.group_size)
             groups = await gather_groups(
@@ -121,9 +122,9 @@ class ARTPromptAdapter:
                 description=f"gepa eval {prompt_hash(prompt)}",
             )
             for group in groups:
-                self.store.put(scenario_eval(group, prompt))
+                self.store.put(example_eval(group, prompt))
         out = []
-        for sc in scenarios:
+        for sc in examples:
             ev = self.store.get(prompt, sc.id)
             if ev is None:
                 raise RuntimeError(f"no evaluation came back for scenario {sc.id}")
@@ -132,7 +133,7 @@ class ARTPromptAdapter:
 
     def evaluate(
         self,
-        batch: list[Scenario],
+        batch: list[Example],
         candidate: dict[str, str],
         capture_traces: bool = False,
     ) -> EvaluationBatch:

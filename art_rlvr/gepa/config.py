@@ -128,5 +128,5 @@ class GEPAConfig(BaseModel):
             )
         return self
 
-    def evaluation_cost(self, scenarios: int) -> int:
-        return scenarios * self.group_size
+    def evaluation_cost(self, examples: int) -> int:
+        return examples * self.group_size

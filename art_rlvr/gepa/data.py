@@ -35,7 +35,7 @@ class RolloutTrace(BaseModel):
         return self.correct if self.correct is not None else self.reward >= 1.0
 
 
-class ScenarioEval(BaseModel):
+class ExampleEval(BaseModel):
     """A prompt's TrajectoryGroup on one scenario, reduced to text; its score is the mean
     reward of the group."""
 

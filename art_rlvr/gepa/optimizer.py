@@ -48,8 +48,8 @@ from art_rlvr.gepa.steps import merge_step, reflective_step, score_starts
 from art_rlvr.gepa.store import EvalStore, GEPAFiles
 from art_rlvr.llm.client import LLMClient, LLMCounters, client_for
 from art_rlvr.observe import tracing
-from art_rlvr.rollouts import SamplingConfig, rollout_seed
-from art_rlvr.scenarios.scenario import Task
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
+from art_rlvr.scenarios.scenario import Scenario
 
 __all__ = ["GEPAResult", "make_reflector", "optimize_prompt", "report_prompts", "run_optimizer"]
 
@@ -98,25 +98,25 @@ def open_state(files: GEPAFiles, config: GEPAConfig, fp: str) -> GEPAState:
 
 
 async def report_prompts(
-    model: art.Model, task: Task, prompts: Sequence[str], config: GEPAConfig
+    model: art.Model, scenario: Scenario, prompts: Sequence[str], config: GEPAConfig
 ) -> dict[str, EvalReport]:
     """Greedy val accuracy of each distinct prompt (outside the optimization budget)."""
-    val = task.splits["val"]
+    val = scenario.splits["val"]
     if config.report_val_limit == 0 or not val:
         return {}
-    scenarios = val[: config.report_val_limit] if config.report_val_limit else val
+    examples = val[: config.report_val_limit] if config.report_val_limit else val
     sampling = SamplingConfig(
         max_tokens=config.report_max_tokens or config.max_tokens, temperature=0.0
     )
     return {
-        p: await evaluate(model, scenarios, system_prompt=p, sampling=sampling, split="val")
+        p: await evaluate(model, examples, system_prompt=p, sampling=sampling, split="val")
         for p in dict.fromkeys(prompts)
     }
 
 
 async def run_optimizer(
     model: art.Model,
-    task: Task,
+    scenario: Scenario,
     *,
     seed_prompt: str | None = None,
     config: GEPAConfig,
@@ -132,14 +132,14 @@ async def run_optimizer(
     cfg = config
     began = time.monotonic()
     seed_prompt = choose_seed_prompt(
-        given=seed_prompt, gepa=cfg.seed_prompt, task_default=task.default_system_prompt
+        given=seed_prompt, gepa=cfg.seed_prompt, scenario_default=scenario.default_system_prompt
     )
     if len(seed_prompt) > cfg.max_prompt_chars:
         raise ValueError(f"the seed prompt is over max_prompt_chars={cfg.max_prompt_chars}")
     files = GEPAFiles(Path(run_dir) if run_dir is not None else None)
-    pareto, feedback = split_train(task.splits["train"], cfg.pareto_size, cfg.seed)
+    pareto, feedback = split_train(scenario.splits["train"], cfg.pareto_size, cfg.seed)
     starts = list(dict.fromkeys([seed_prompt, *carry]))
-    fp = fingerprint(cfg, task, "\n---\n".join(starts), [sc.id for sc in pareto])
+    fp = fingerprint(cfg, scenario, "\n---\n".join(starts), [sc.id for sc in pareto])
     state = open_state(files, cfg, fp)
     replies, counters = journaled_replies(files.journal.load())
     store = EvalStore(cfg.max_metric_calls, files.journal)
@@ -175,7 +175,7 @@ async def run_optimizer(
     if store.spent > cfg.max_metric_calls:  # cannot happen: every evaluation reserves first
         raise AssertionError(f"budget exceeded: {store.spent} > {cfg.max_metric_calls}")
     best = state.best
-    reports = await report_prompts(model, task, [seed_prompt, best.prompt], cfg)
+    reports = await report_prompts(model, scenario, [seed_prompt, best.prompt], cfg)
     result = GEPAResult(
         best_prompt=best.prompt,
         best_index=best.index,
@@ -212,7 +212,7 @@ async def run_optimizer(
 
 async def optimize_prompt(
     model: art.Model,
-    task: Task,
+    scenario: Scenario,
     *,
     seed_prompt: str | None = None,
     config: GEPAConfig | None = None,
@@ -226,7 +226,7 @@ async def optimize_prompt(
     With `run_dir`, the run is journaled there and resumes where it stopped."""
     result, _ = await run_optimizer(
         model,
-        task,
+        scenario,
         seed_prompt=seed_prompt,
         config=config or GEPAConfig(),
         run_dir=run_dir,

@@ -18,13 +18,13 @@ from art_rlvr.gepa.data import Candidate, GEPAState, HistoryEvent, Rejection
 from art_rlvr.gepa.reflection import check_proposal, normalize
 from art_rlvr.gepa.store import EvalStore, Journal
 from art_rlvr.llm.client import LLMClient, LLMCounters, LLMError, LLMReply
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 log = logging.getLogger(__name__)
 
 
-def unique(scenarios: Sequence[Scenario]) -> list[Scenario]:
-    return list({sc.id: sc for sc in scenarios}.values())
+def unique(examples: Sequence[Example]) -> list[Example]:
+    return list({sc.id: sc for sc in examples}.values())
 
 
 def known_prompts(
@@ -95,12 +95,12 @@ class Run:
     adapter: ARTPromptAdapter
     store: EvalStore
     reflection: ReflectionCalls
-    pareto: list[Scenario]
-    feedback: list[Scenario]
+    pareto: list[Example]
+    feedback: list[Example]
 
-    def cost(self, prompt: str | None, scenarios: Sequence[Scenario]) -> int:
+    def cost(self, prompt: str | None, examples: Sequence[Example]) -> int:
         """Metric calls to evaluate `prompt` on `scenarios` (None: a new prompt, nothing cached)."""
-        todo = unique(scenarios) if prompt is None else self.store.missing(prompt, scenarios)
+        todo = unique(examples) if prompt is None else self.store.missing(prompt, examples)
         return self.config.evaluation_cost(len(todo))
 
     def event(self, **fields: Any) -> HistoryEvent:

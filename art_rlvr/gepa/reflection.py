@@ -17,9 +17,9 @@ from gepa.strategies.instruction_proposal import InstructionProposalSignature
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.core.transcript import episode_text
-from art_rlvr.gepa.data import Rejection, RejectionKind, RolloutTrace, ScenarioEval
+from art_rlvr.gepa.data import ExampleEval, Rejection, RejectionKind, RolloutTrace
 from art_rlvr.scenarios.leakage import leaked_answers
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 # gepa 0.1.4's default reflection prompt, plus our rules and the rejected proposals
 REFLECTION_TEMPLATE = "\n\n".join(
@@ -74,15 +74,15 @@ def shown_output(rollout: RolloutTrace, max_chars: int | None = None) -> str:
 
 
 def reflective_records(
-    evals: Sequence[ScenarioEval], limit: int, max_chars: int | None = None
+    evals: Sequence[ExampleEval], limit: int, max_chars: int | None = None
 ) -> list[dict[str, str]]:
     """gepa's reflective-dataset rows ("Inputs", "Generated Outputs", "Feedback") from
     trajectory groups: failures first (each scenario's worst rollout before anyone's second),
     then up to a quarter of the rows as successes for contrast, preferring scenarios that also
     failed. Identical outputs of one scenario are shown once. A multi-turn episode is shown
     turn by turn within `max_chars` characters (None: whole)."""
-    failures: list[tuple[int, float, ScenarioEval, int]] = []
-    successes: list[tuple[int, ScenarioEval, int]] = []
+    failures: list[tuple[int, float, ExampleEval, int]] = []
+    successes: list[tuple[int, ExampleEval, int]] = []
     for ev in evals:
         seen: set[str] = set()
         ranked = sorted(range(len(ev.rollouts)), key=lambda k: ev.rollouts[k].reward)
@@ -187,13 +187,13 @@ def extract_fenced(reply: str) -> str | None:
     return blocks[-1].strip() if blocks else None
 
 
-def gold_answers_for_leak_check(scenarios: Iterable[Scenario], answer_field: str) -> list[str]:
+def gold_answers_for_leak_check(examples: Iterable[Example], answer_field: str) -> list[str]:
     """The gold answers of the examples the reflection LM was shown, read from the record's
     `answer_field`. This is the only place GEPA looks inside a record, and only to refuse a
     prompt that copies an answer; records without the field are not checked."""
     return [
         str(sc.x[answer_field]).strip()
-        for sc in scenarios
+        for sc in examples
         if answer_field in sc.x and str(sc.x[answer_field]).strip()
     ]
 

@@ -14,7 +14,7 @@ from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.data import GEPAState
 
 if TYPE_CHECKING:
-    from art_rlvr.scenarios.scenario import Scenario, Task
+    from art_rlvr.scenarios.scenario import Example, Scenario
 
 # fields that shape the search; the budget, iteration cap, report and reflection transport may
 # change between a run and its resume
@@ -33,18 +33,18 @@ def choose_seed_prompt(
     given: str | None = None,
     gepa: str | None = None,
     run: str | None = None,
-    task_default: str,
+    scenario_default: str,
 ) -> str:
     """The one precedence for the prompt GEPA starts from: a prompt passed in by the caller,
     else GEPA's `seed_prompt`, else the run's `system_prompt`, else the task's default."""
-    return next((p for p in (given, gepa, run) if p is not None), task_default)
+    return next((p for p in (given, gepa, run) if p is not None), scenario_default)
 
 
-def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | None:
+def start_problem(config: GEPAConfig, scenario: Scenario, seed_prompt: str) -> str | None:
     """Why GEPA cannot start on `task` from `seed_prompt` (too few train records for the Pareto
     set, a seed over the prompt limit, a budget that cannot even score the seed), or None. The
     CLI asks before any model loads; the optimizer checks the same limits when it starts."""
-    fn = task.rollout_fn
+    fn = scenario.rollout_fn
     if fn is not None and not fn.takes_context and not seed_prompt:
         return (
             f"rollout function {fn.ref!r} takes (model, record) and there is no seed prompt: "
@@ -52,7 +52,7 @@ def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | Non
             "model.openai_client(), so GEPA starts from the scenario's system_prompt (or "
             "system_prompt= / gepa.seed_prompt=); set one"
         )
-    train = len(task.splits["train"])
+    train = len(scenario.splits["train"])
     if train <= config.pareto_size:
         return (
             f"the train split has {train} scenarios; GEPA needs more than pareto_size="
@@ -70,8 +70,8 @@ def start_problem(config: GEPAConfig, task: Task, seed_prompt: str) -> str | Non
 
 
 def split_train(
-    train: Sequence[Scenario], pareto_size: int, seed: int
-) -> tuple[list[Scenario], list[Scenario]]:
+    train: Sequence[Example], pareto_size: int, seed: int
+) -> tuple[list[Example], list[Example]]:
     """A seeded Pareto set (scores candidates) and the disjoint feedback pool (minibatches),
     both from train, so the val split stays an honest held-out report."""
     if len(train) <= pareto_size:
@@ -84,13 +84,15 @@ def split_train(
     return [train[i] for i in order[:pareto_size]], [train[i] for i in order[pareto_size:]]
 
 
-def fingerprint(config: GEPAConfig, task: Task, seed_prompt: str, pareto: Sequence[str]) -> str:
+def fingerprint(
+    config: GEPAConfig, scenario: Scenario, seed_prompt: str, pareto: Sequence[str]
+) -> str:
     shaping = {
         k: v
         for k, v in config.model_dump(mode="json").items()
         if k not in _FINGERPRINT_EXCLUDE and k != "reflection"
     }
-    blob = json.dumps([shaping, task.name, seed_prompt, list(pareto)], sort_keys=True)
+    blob = json.dumps([shaping, scenario.name, seed_prompt, list(pareto)], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

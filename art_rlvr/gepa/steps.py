@@ -15,10 +15,10 @@ from typing import Any
 
 from art_rlvr.gepa.data import (
     Candidate,
+    ExampleEval,
     GEPAState,
     Rejection,
     RejectionKind,
-    ScenarioEval,
 )
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
 from art_rlvr.gepa.propose import Run, propose, stop
@@ -28,12 +28,12 @@ from art_rlvr.gepa.reflection import (
     reflection_messages,
     reflective_records,
 )
-from art_rlvr.scenarios.scenario import Scenario, batch_scenarios
+from art_rlvr.scenarios.scenario import Example, batch_examples
 
 log = logging.getLogger(__name__)
 
 
-def mean_score(evals: Sequence[ScenarioEval]) -> float:
+def mean_score(evals: Sequence[ExampleEval]) -> float:
     return statistics.fmean(ev.score for ev in evals) if evals else 0.0
 
 
@@ -158,7 +158,7 @@ def refuse(run: Run, state: GEPAState, prompt: str, reason: str, **fields: Any) 
     )
 
 
-def leak_answers(run: Run, minibatch: Sequence[Scenario]) -> list[str]:
+def leak_answers(run: Run, minibatch: Sequence[Example]) -> list[str]:
     """The shown examples' gold answers a proposal must not copy (none if the check is off)."""
     cfg = run.config
     return gold_answers_for_leak_check(minibatch, cfg.answer_field) if cfg.leak_check else []
@@ -169,7 +169,7 @@ async def reflective_step(run: Run, state: GEPAState) -> GEPAState:
     cfg = run.config
     i = state.iteration
     parent = state.candidates[select_parent(state, random.Random(f"gepa-select:{cfg.seed}:{i}"))]
-    minibatch = batch_scenarios(run.feedback, cfg.traces_per_iteration, cfg.seed, i)
+    minibatch = batch_examples(run.feedback, cfg.traces_per_iteration, cfg.seed, i)
     need = (
         run.cost(parent.prompt, minibatch) + run.cost(None, minibatch) + run.cost(None, run.pareto)
     )
@@ -245,7 +245,7 @@ async def merge_step(run: Run, state: GEPAState) -> tuple[GEPAState, bool]:
         return state.model_copy(update={"merges_due": 0, "history": (*state.history, event)}), False
     a, b = sorted(random.Random(f"gepa-merge:{cfg.seed}:{i}").sample(front, 2))
     pa, pb = state.candidates[a].prompt, state.candidates[b].prompt
-    minibatch = batch_scenarios(run.feedback, cfg.traces_per_iteration, cfg.seed, i)
+    minibatch = batch_examples(run.feedback, cfg.traces_per_iteration, cfg.seed, i)
     need = (
         run.cost(pa, minibatch)
         + run.cost(pb, minibatch)

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from art_rlvr.core.text import prompt_hash
-from art_rlvr.gepa.data import GEPAState, ScenarioEval
+from art_rlvr.gepa.data import ExampleEval, GEPAState
 from art_rlvr.gepa.pareto import frontier_indices
 from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
 
 if TYPE_CHECKING:
     from art_rlvr.gepa.result import GEPAResult
-    from art_rlvr.scenarios.scenario import Scenario
+    from art_rlvr.scenarios.scenario import Example
 
 
 class BudgetExceeded(RuntimeError):
@@ -69,10 +69,10 @@ class EvalStore:
     def __init__(self, max_metric_calls: int, journal: Journal) -> None:
         self.max_metric_calls = max_metric_calls
         self.journal = journal
-        self._cache: dict[tuple[str, str], ScenarioEval] = {}
+        self._cache: dict[tuple[str, str], ExampleEval] = {}
         for record in journal.load():
             if record.get("type") == "eval":
-                ev = ScenarioEval.model_validate(record["eval"])
+                ev = ExampleEval.model_validate(record["eval"])
                 self._cache[(ev.prompt_hash, ev.scenario_id)] = ev
         self.spent = sum(len(ev.rollouts) for ev in self._cache.values())
 
@@ -80,12 +80,12 @@ class EvalStore:
     def remaining(self) -> int:
         return self.max_metric_calls - self.spent
 
-    def get(self, prompt: str, scenario_id: str) -> ScenarioEval | None:
+    def get(self, prompt: str, scenario_id: str) -> ExampleEval | None:
         return self._cache.get((prompt_hash(prompt), scenario_id))
 
-    def missing(self, prompt: str, scenarios: Sequence[Scenario]) -> list[Scenario]:
+    def missing(self, prompt: str, examples: Sequence[Example]) -> list[Example]:
         """Scenarios (deduplicated, in order) this prompt has no result for yet."""
-        todo = {sc.id: sc for sc in scenarios if self.get(prompt, sc.id) is None}
+        todo = {sc.id: sc for sc in examples if self.get(prompt, sc.id) is None}
         return list(todo.values())
 
     def reserve(self, calls: int) -> None:
@@ -94,7 +94,7 @@ class EvalStore:
                 f"{calls} metric calls requested, {self.remaining} of {self.max_metric_calls} left"
             )
 
-    def put(self, ev: ScenarioEval) -> None:
+    def put(self, ev: ExampleEval) -> None:
         key = (ev.prompt_hash, ev.scenario_id)
         if key in self._cache:
             return

@@ -19,11 +19,11 @@ import art
 from art_rlvr.core.outcome import is_correct
 from art_rlvr.eval.evaluate import EvalReport, SampledReport, evaluate
 from art_rlvr.observe.clock import cpu_seconds
-from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import EvalEvent, episode_means
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.scenarios.mixture import Mixture
-from art_rlvr.scenarios.scenario import Scenario, Task
+from art_rlvr.scenarios.scenario import Example, Scenario
 
 if TYPE_CHECKING:
     from art_rlvr.config.run_config import RunConfig
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunContext:
     config: RunConfig
-    task: Task | Mixture
+    scenario: Scenario | Mixture
     backend: art.Backend
     model: art.TrainableModel
     files: RunFiles
@@ -42,12 +42,12 @@ class RunContext:
     cpu_started: float = 0.0  # cpu_seconds() then; metrics events carry both clocks
 
 
-def one_task(ctx: RunContext, phase: str) -> Task:
+def one_scenario(ctx: RunContext, phase: str) -> Scenario:
     """The run's scenario for a phase that runs on one (GEPA, EI): `RunConfig` refuses a
     mixture for them, so reaching here with one is a caller's mistake, said plainly."""
-    if isinstance(ctx.task, Mixture):
-        raise ValueError(f"{phase} runs on one scenario, not the mixture {ctx.task.name}")
-    return ctx.task
+    if isinstance(ctx.scenario, Mixture):
+        raise ValueError(f"{phase} runs on one scenario, not the mixture {ctx.scenario.name}")
+    return ctx.scenario
 
 
 def eval_due(index: int, last: int, every: int) -> bool:
@@ -98,16 +98,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def val_scenarios(ctx: RunContext) -> list[Scenario]:
-    return ctx.task.held_out("val", ctx.config.val_limit)
+def val_examples(ctx: RunContext) -> list[Example]:
+    return ctx.scenario.held_out("val", ctx.config.val_limit)
 
 
 def by_scenario(
-    scenarios: Sequence[Scenario], groups: Sequence[art.TrajectoryGroup], samples: int = 1
+    examples: Sequence[Example], groups: Sequence[art.TrajectoryGroup], samples: int = 1
 ) -> dict[str, float]:
     """A mixture's accuracy (pass@1) per scenario, errored rollouts counted wrong; {} for one
     scenario. Rollouts name their scenario in `metadata["task"]`."""
-    counts = Counter(s.task.name for s in scenarios)
+    counts = Counter(s.scenario.name for s in examples)
     if len(counts) < 2:
         return {}
     correct = Counter(
@@ -120,7 +120,7 @@ def eval_event(
     report: EvalReport | SampledReport,
     step: int,
     *,
-    scenarios: dict[str, float],
+    accuracies: dict[str, float],
     tag: str = "",
     **extra: Any,
 ) -> EvalEvent:
@@ -134,14 +134,14 @@ def eval_event(
     return EvalEvent(
         split=report.split,
         step=step,
-        accuracy=statistics.fmean(scenarios.values()) if scenarios else pooled,
+        accuracy=statistics.fmean(accuracies.values()) if accuracies else pooled,
         reward_mean=report.mean_reward,
         format=report.format_rate or 0.0,
         tokens_per_completion=report.mean_completion_tokens,
         errors=report.errors,
         first_error=report.first_error,
         tag=tag,
-        by_scenario=scenarios,
+        by_scenario=accuracies,
         samples=samples,
         pass_at=pass_at,
         completion_tokens=completion_tokens,
@@ -163,11 +163,11 @@ async def run_eval(
     instead of the step) and ART's history at `step`. A mixture's report carries the mean of
     its scenarios' accuracies (each one is in the event)."""
     cfg = ctx.config
-    scenarios = val_scenarios(ctx) if split == "val" else ctx.task.held_out(split)
+    examples = val_examples(ctx) if split == "val" else ctx.scenario.held_out(split)
     prompt = system_prompt if system_prompt is not None else cfg.system_prompt
     report = await evaluate(
         ctx.model,
-        scenarios,
+        examples,
         system_prompt=prompt,
         sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature),
         split=split,
@@ -175,7 +175,7 @@ async def run_eval(
     event = eval_event(
         report,
         step,
-        scenarios=by_scenario(scenarios, report.groups),
+        accuracies=by_scenario(examples, report.groups),
         tag=tag,
         round=round,
         **clocks(ctx),

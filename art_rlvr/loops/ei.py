@@ -28,7 +28,7 @@ from art_rlvr.ei.expert import collect_round, distill_round
 from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
 from art_rlvr.llm.client import LLMClient, LLMCounters
-from art_rlvr.loops.context import RunContext, clocks, eval_due, one_task, run_eval
+from art_rlvr.loops.context import RunContext, clocks, eval_due, one_scenario, run_eval
 from art_rlvr.rundir.events import EIRoundEvent
 from art_rlvr.rundir.files import StateFileError
 
@@ -72,7 +72,7 @@ def fingerprint(config: EIConfig, task_name: str, system_prompt: str | None) -> 
 def check_records(ctx: RunContext, config: EIConfig) -> None:
     """Refuse what EI cannot run on before anything is spent (the CLI asked already)."""
     if problem := start_problem(
-        config, one_task(ctx, "expert iteration"), ctx.config.system_prompt
+        config, one_scenario(ctx, "expert iteration"), ctx.config.system_prompt
     ):
         raise ValueError(problem)
 
@@ -204,7 +204,7 @@ async def ei_round(
     began = time.monotonic()
     output = await collect_round(
         ctx.model,
-        one_task(ctx, "expert iteration"),
+        one_scenario(ctx, "expert iteration"),
         config,
         index,
         system_prompt=system_prompt,
@@ -305,7 +305,7 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
     run = ctx.config
     check_records(ctx, config)
     (ctx.files.root / "ei").mkdir(exist_ok=True)
-    fp = fingerprint(config, ctx.task.name, run.system_prompt)
+    fp = fingerprint(config, ctx.scenario.name, run.system_prompt)
     step = await ctx.model.get_step()
     state = load_state(ctx, fp, step)
     teacher, teacher_name = teacher_of(ctx, config, state.teacher_counters)
@@ -367,7 +367,7 @@ async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
             "teacher_calls": snapshot["calls"],
             "teacher_call_errors": snapshot["error_total"],
         }
-    if run.eval_test and ctx.task.splits["test"]:
+    if run.eval_test and ctx.scenario.splits["test"]:
         summary["test_accuracy_after"] = (
             await run_eval(ctx, await ctx.model.get_step(), split="test", round=state.rounds_done)
         ).accuracy

@@ -16,7 +16,7 @@ from art_rlvr.config.keys import ConfigError
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.scenarios.mixture import Mixture
-from art_rlvr.scenarios.scenario import Task
+from art_rlvr.scenarios.scenario import Scenario
 
 if TYPE_CHECKING:
     from art_rlvr.config.run_config import RunConfig
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 async def sampled_eval(
     cfg: RunConfig,
-    task: Task | Mixture,
+    scenario: Scenario | Mixture,
     files: RunFiles,
     model: Any,
     started: float,
@@ -36,12 +36,12 @@ async def sampled_eval(
 ) -> dict[str, Any]:
     """`eval_samples` rollouts per val item (greedy by default) under `system_prompt`, pass@k
     and pass^k, of the run's own model or an external policy (`policy.model`), resumable from
-    evals/val_<step>/ (art_rlvr.eval.journal); logged to metrics.jsonl and trajectories/val_<step>."""
+    evals/val_<step>/ (eval.journal); logged to metrics.jsonl and trajectories/val_<step>."""
     from art_rlvr.eval.journal import eval_folder, evaluate_resumable, plan_for
     from art_rlvr.loops.context import by_scenario, eval_event, scenario_line
-    from art_rlvr.rollouts import SamplingConfig
+    from art_rlvr.rollouts.sampling import SamplingConfig
 
-    scenarios = task.held_out("val", cfg.val_limit)
+    examples = scenario.held_out("val", cfg.val_limit)
     external = cfg.policy.model is not None
     step = 0 if external else await model.get_step()
     sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature)
@@ -49,9 +49,9 @@ async def sampled_eval(
         split="val",
         step=step,
         policy=cfg.policy.model or model.get_inference_name(step),
-        scenario=task.name,
-        files=[t.path for t in task.tasks],
-        scenarios=scenarios,
+        scenario=scenario.name,
+        files=[t.path for t in scenario.scenarios],
+        examples=examples,
         samples=cfg.eval_samples,
         sampling=sampling,
         seed=cfg.seed,
@@ -64,7 +64,7 @@ async def sampled_eval(
         )
     result = await evaluate_resumable(
         model,
-        scenarios,
+        examples,
         folder=folder,
         plan=plan,
         sampling=sampling,
@@ -78,7 +78,7 @@ async def sampled_eval(
     event = eval_event(
         report,
         step,
-        scenarios=by_scenario(scenarios, report.groups, report.samples),
+        accuracies=by_scenario(examples, report.groups, report.samples),
         policy=cfg.policy.model,
         cost_usd=cost,
         pass_all=report.pass_all,

@@ -18,7 +18,7 @@ from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.data import HistoryEvent
 from art_rlvr.gepa.optimizer import run_optimizer
 from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.loops.context import RunContext, clocks, one_task
+from art_rlvr.loops.context import RunContext, clocks, one_scenario
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.rundir.events import GepaEvent
 
@@ -48,15 +48,15 @@ def event_metrics(event: HistoryEvent, ctx: RunContext, round: int | None = None
 async def run_gepa(ctx: RunContext, gepa_config: GEPAConfig) -> dict[str, Any]:
     """Optimize the run's system prompt; the seed is `gepa_config.seed_prompt`, else the run's
     `system_prompt`, else the task's default."""
-    task = one_task(ctx, "GEPA")
+    scenario = one_scenario(ctx, "GEPA")
     seed_prompt = choose_seed_prompt(
         gepa=gepa_config.seed_prompt,
         run=ctx.config.system_prompt,
-        task_default=task.default_system_prompt,
+        scenario_default=scenario.default_system_prompt,
     )
     result, reports = await run_optimizer(
         ctx.model,
-        task,
+        scenario,
         seed_prompt=seed_prompt,
         config=gepa_config,
         run_dir=ctx.files.root / "gepa",

@@ -23,7 +23,9 @@ from art_rlvr.core.types import LrSchedule
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout_seed, trainable
+from art_rlvr.rollouts.functions import trainable
+from art_rlvr.rollouts.rollout import gather_groups
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.rundir.events import AlarmEvent, TrainEvent
 from art_rlvr.rundir.stored import read_groups
 
@@ -101,10 +103,10 @@ async def rl_step(
     rollouts, and the backend's training call on them at `learning_rate` (`before_train` sees
     the groups first, so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
-    scenarios = ctx.task.train_batch(cfg.groups_per_batch, cfg.seed, step)
+    examples = ctx.scenario.train_batch(cfg.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
         ctx.model,
-        scenarios,
+        examples,
         cfg.group_size,
         system_prompt=system_prompt,
         sampling=sampling,
@@ -379,7 +381,7 @@ async def run_rl(ctx: RunContext, *, steps: int) -> dict[str, Any]:
     }
     if state.early_stop:
         summary["early_stop"] = state.early_stop
-    if cfg.eval_test and ctx.task.splits["test"]:
+    if cfg.eval_test and ctx.scenario.splits["test"]:
         summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
     return summary
 

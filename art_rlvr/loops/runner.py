@@ -28,7 +28,7 @@ async def run_phases(ctx: RunContext) -> dict[str, Any]:
 
         return await sampled_eval(
             cfg,
-            ctx.task,
+            ctx.scenario,
             ctx.files,
             ctx.model,
             ctx.started,

@@ -34,7 +34,7 @@ from pydantic import Field
 from art_rlvr.core.text import excerpt
 from art_rlvr.ei.data import RoundBuffer
 from art_rlvr.gepa.start import choose_seed_prompt
-from art_rlvr.loops.context import RunContext, one_task, run_eval
+from art_rlvr.loops.context import RunContext, one_scenario, run_eval
 from art_rlvr.loops.plan import Phase, spell
 from art_rlvr.loops.rl import STATE, StateModel, TrainState, spend, train_until
 from art_rlvr.rundir.events import PromptChangeEvent
@@ -75,7 +75,9 @@ def initial_prompt(ctx: RunContext) -> str:
     cfg = ctx.config
     gepa = cfg.gepa.seed_prompt if cfg.with_gepa else None
     return choose_seed_prompt(
-        gepa=gepa, run=cfg.system_prompt, task_default=one_task(ctx, "GEPA").default_system_prompt
+        gepa=gepa,
+        run=cfg.system_prompt,
+        scenario_default=one_scenario(ctx, "GEPA").default_system_prompt,
     )
 
 
@@ -91,7 +93,7 @@ async def gepa_phase(
     config = cfg.gepa.model_copy(update={"seed": cfg.gepa.seed * 1000 + phase.round})
     result, _ = await run_optimizer(
         ctx.model,
-        one_task(ctx, "GEPA"),
+        one_scenario(ctx, "GEPA"),
         seed_prompt=old,
         config=config,
         run_dir=ctx.files.root / "gepa" / f"round_{phase.round}",
@@ -209,7 +211,7 @@ async def eval_phase(ctx: RunContext, state: ScheduleState, phase: Phase) -> Sch
 
     result = await sampled_eval(
         ctx.config,
-        ctx.task,
+        ctx.scenario,
         ctx.files,
         ctx.model,
         ctx.started,
@@ -307,7 +309,7 @@ async def run_schedule(ctx: RunContext, phases: Sequence[Phase]) -> dict[str, An
         # failed after retries), so the end-of-run summary and the report read them
         summary |= state.ei_totals
         summary["teacher_calls"] = (state.teacher_counters or {}).get("calls", 0)
-    if cfg.eval_test and ctx.task.splits["test"]:
+    if cfg.eval_test and ctx.scenario.splits["test"]:
         report = await run_eval(ctx, step, split="test", system_prompt=state.prompt)
         summary["test_accuracy_after"] = report.accuracy
     return summary

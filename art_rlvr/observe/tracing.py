@@ -188,26 +188,26 @@ def op(
 
 
 def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    scenario = inputs.get("scenario")
+    example = inputs.get("example")
     messages = inputs.get("messages")
     system = inputs.get("system_prompt")
     sampling = inputs.get("sampling")
     return {
-        "scenario_id": getattr(scenario, "id", None),
-        "split": getattr(scenario, "split", None),
+        "scenario_id": getattr(example, "id", None),
+        "split": getattr(example, "split", None),
         "model": getattr(inputs.get("model"), "name", None),
         "step": inputs.get("step"),
         "system_prompt": system,
         "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
-        "messages": messages if messages is not None else _messages(scenario, system),
+        "messages": messages if messages is not None else _messages(example, system),
         "sampling": sampling.model_dump() if isinstance(sampling, BaseModel) else sampling,
         "metadata": inputs.get("metadata"),
     }
 
 
-def _messages(scenario: Any, system_prompt: str | None) -> list[dict[str, str]] | None:
+def _messages(example: Any, system_prompt: str | None) -> list[dict[str, str]] | None:
     try:
-        return scenario.messages(system_prompt)
+        return example.messages(system_prompt)
     except Exception:
         return None
 
@@ -223,17 +223,17 @@ def trajectory_output(trajectory: Any) -> dict[str, Any]:
 
 
 def score_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    scenario = inputs.get("self")
-    return {"scenario_id": getattr(scenario, "id", None), "completion": inputs.get("completion")}
+    example = inputs.get("self")
+    return {"scenario_id": getattr(example, "id", None), "completion": inputs.get("completion")}
 
 
 def evaluate_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     system = inputs.get("system_prompt")
-    scenarios = inputs.get("scenarios") or []
+    examples = inputs.get("examples") or []
     return {
         "split": inputs.get("split"),
-        "n": len(scenarios),
-        "scenario_ids": [s.id for s in scenarios][:1000],
+        "n": len(examples),
+        "scenario_ids": [s.id for s in examples][:1000],
         "system_prompt": system,
         "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
         "step": inputs.get("step"),
@@ -293,7 +293,7 @@ def ei_round_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     system = inputs.get("system_prompt")
     return {
         "round": inputs.get("round_index"),
-        "task": getattr(inputs.get("task"), "name", None),
+        "scenario": getattr(inputs.get("scenario"), "name", None),
         "system_prompt": system,
         "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
         "teacher": getattr(getattr(inputs.get("teacher"), "settings", None), "model", None),

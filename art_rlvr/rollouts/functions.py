@@ -1,7 +1,7 @@
 """A user's ART rollout function, run on one record and scored by the reward it set.
 
 A scenario with a `[rollout]` function (`async def rollout(model, record[, context])`, loaded
-and checked by `art_rlvr.scenarios.environments.rollout_fn`) runs that function instead of the episode
+and checked by `scenarios.environments.rollout_fn`) runs that function instead of the episode
 loop: it builds its own messages and sets its own reward, inside ART's capture scope. Its reward is
 ART's: any finite number (ART takes advantages within a group); without a `correct` metric, a
 reward at or above the scenario's `correct_threshold` (1 by default) is correct. A function
@@ -36,7 +36,7 @@ from art_rlvr.rollouts.prompted import (
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.scenarios.environments.rollout_fn import RolloutFailed, RolloutFunction
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 
 log = logging.getLogger(__name__)
 
@@ -189,19 +189,19 @@ async def call_plain(
 
 async def function_rollout(
     model: art.Model,
-    scenario: Scenario,
+    example: Example,
     context: RolloutContext,
     *,
     metadata: dict[str, Any],
     limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
     """One record through the scenario's rollout function, scored by the reward it set."""
-    task = scenario.task
-    fn = task.rollout_fn
-    assert fn is not None and task.spec.rollout is not None
+    scenario = example.scenario
+    fn = scenario.rollout_fn
+    assert fn is not None and scenario.spec.rollout is not None
     async with limiter if limiter is not None else contextlib.nullcontext():
         value, scope, problem = await call_function(
-            fn, model, scenario.x, context, task.spec.rollout.timeout_s
+            fn, model, example.x, context, scenario.spec.rollout.timeout_s
         )
     base = value if isinstance(value, art.Trajectory) else scope
     trajectory = with_capture(base, scope)
@@ -213,7 +213,7 @@ async def function_rollout(
         reward=float(trajectory.reward),
         feedback=feedback_of(trajectory),
         metrics={ROLLOUT_ERROR: 0.0, **completion_tokens(trajectory)},
-        correct_at=task.correct_at,
+        correct_at=scenario.correct_at,
     )
 
 

@@ -43,7 +43,7 @@ ToolChoice = Literal["none", "auto", "required"] | str | dict[str, Any]
 @runtime_checkable
 class DeclaredTool(Protocol):
     """A callable that brings its own name, description and JSON schema (an MCP server's tool,
-    `art_rlvr.scenarios.environments.mcp_tools.McpTool`), called with the model's arguments as keywords."""
+    `scenarios.environments.mcp_tools.McpTool`), called with the model's arguments as keywords."""
 
     name: str
     description: str

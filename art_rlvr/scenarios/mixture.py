@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.scenarios.scenario import Scenario, Task, load_task, stream_item
+from art_rlvr.scenarios.scenario import Example, Scenario, load_scenario, stream_item
 from art_rlvr.scenarios.sources import SPLITS, ScenarioFileError
 
 
@@ -61,54 +61,56 @@ class Mixture:
     groups from them by weight, seeded; each one's records keep their own prompt and reward,
     and evaluations score each scenario apart (`Scenario.task` says whose a record is)."""
 
-    tasks: tuple[Task, ...]
+    scenarios: tuple[Scenario, ...]
     weights: tuple[float, ...]
 
     @property
     def name(self) -> str:
-        return "+".join(t.name for t in self.tasks)
+        return "+".join(t.name for t in self.scenarios)
 
     @property
-    def splits(self) -> dict[str, list[Scenario]]:
-        return {split: [s for t in self.tasks for s in t.splits[split]] for split in SPLITS}
+    def splits(self) -> dict[str, list[Example]]:
+        return {split: [s for t in self.scenarios for s in t.splits[split]] for split in SPLITS}
 
     @property
     def spec_max_tokens(self) -> int | None:
         """The largest `max_tokens` its scenarios ask for (each episode must fit)."""
-        asked = [t.spec.max_tokens for t in self.tasks if t.spec.max_tokens is not None]
+        asked = [t.spec.max_tokens for t in self.scenarios if t.spec.max_tokens is not None]
         return max(asked) if asked else None
 
-    def held_out(self, split: str, limit: int | None = None) -> list[Scenario]:
+    def held_out(self, split: str, limit: int | None = None) -> list[Example]:
         """The first `limit` records of `split` of each scenario (a limit applies to each)."""
-        return [s for t in self.tasks for s in t.held_out(split, limit)]
+        return [s for t in self.scenarios for s in t.held_out(split, limit)]
 
-    def train_batch(self, size: int, seed: int, batch: int) -> list[Scenario]:
+    def train_batch(self, size: int, seed: int, batch: int) -> list[Example]:
         """RL batch `batch`: a scenario per group drawn by weight, then that scenario's next
         record in its own seeded stream. A pure function of (seed, batch): the streams'
         positions are counted from the draws of the batches before."""
-        used = [0] * len(self.tasks)
+        used = [0] * len(self.scenarios)
         for earlier in range(batch):
             for index in mixture_draws(self.weights, size, seed, earlier):
                 used[index] += 1
         out = []
         for index in mixture_draws(self.weights, size, seed, batch):
-            task = self.tasks[index]
-            out.append(stream_item(task.splits["train"], f"{seed}:{task.name}", used[index]))
+            scenario = self.scenarios[index]
+            out.append(
+                stream_item(scenario.splits["train"], f"{seed}:{scenario.name}", used[index])
+            )
             used[index] += 1
         return out
 
 
 def load_scenarios(
     text: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
-) -> Task | Mixture:
+) -> Scenario | Mixture:
     """One scenario (`arith`), or a mixture (`arith:2,gsm8k:1`) whose members each get the
     `[source]` overrides."""
     entries = parse_mixture(text)
-    tasks = tuple(load_task(e.name, seed=seed, overrides=overrides) for e in entries)
-    if len(tasks) == 1:
-        return tasks[0]
-    names = [t.name for t in tasks]
+    scenarios = tuple(load_scenario(e.name, seed=seed, overrides=overrides) for e in entries)
+    if len(scenarios) == 1:
+        return scenarios[0]
+    names = [t.name for t in scenarios]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ScenarioFileError(f"two scenarios of the mixture {text!r} are named {twice[0]!r}")
-    return Mixture(tasks=tasks, weights=tuple(e.weight for e in entries))
+    return Mixture(scenarios=scenarios, weights=tuple(e.weight for e in entries))

@@ -4,7 +4,7 @@ A definition lives in a TOML file (`scenarios/<name>.toml`, or any path). Only t
 knows the record's fields: it renders `user_template` with them and names the reward that reads
 them. Everything downstream sees an opaque record `x`, messages, and a `Score`.
 
-A definition may also name an `[environment]` (see art_rlvr.scenarios.environments): then a record runs
+A definition may also name an `[environment]` (see scenarios.environments): then a record runs
 as an episode of several turns, with tools, an environment that answers each turn and a reward
 over the whole episode. `Scenario.episode()` says how one record runs; a scenario without an
 environment is the one-turn case (no tools, no answers, its `[reward]` on the one reply).
@@ -130,34 +130,34 @@ class ScenarioSpec(BaseModel):
 
 
 @dataclass(frozen=True)
-class Scenario:
+class Example:
     """One record of a task: `x` is opaque; `task` knows how to render and score it."""
 
     id: str
     split: str
     x: dict[str, Any] = field(repr=False)
-    task: Task = field(repr=False, compare=False)
+    scenario: Scenario = field(repr=False, compare=False)
 
     def messages(self, system_prompt: str | None = None) -> list[dict[str, str]]:
-        return self.task.render(self, system_prompt)
+        return self.scenario.render(self, system_prompt)
 
     def episode(
         self, system_prompt: str | None = None, messages: list[dict[str, Any]] | None = None
     ) -> Episode:
         """How this record runs under `system_prompt` (or from explicit opening `messages`)."""
-        return self.task.episode(self, system_prompt, messages)
+        return self.scenario.episode(self, system_prompt, messages)
 
     @tracing.op("art_rlvr.score", inputs=tracing.score_inputs)
     async def score(self, completion: str) -> Score:
-        return await self.task.score(self, completion)
+        return await self.scenario.score(self, completion)
 
 
 @dataclass(frozen=True)
-class Task:
+class Scenario:
     """A loaded scenario definition with its records split into train / val / test."""
 
     spec: ScenarioSpec
-    splits: dict[str, list[Scenario]]
+    splits: dict[str, list[Example]]
     reward: RewardFn | None
     path: Path
     environment: Environment | None = None
@@ -191,44 +191,44 @@ class Task:
         return self.spec.max_tokens
 
     @property
-    def tasks(self) -> tuple[Task, ...]:
+    def scenarios(self) -> tuple[Scenario, ...]:
         return (self,)
 
-    def held_out(self, split: str, limit: int | None = None) -> list[Scenario]:
+    def held_out(self, split: str, limit: int | None = None) -> list[Example]:
         """The first `limit` records of `split` (all of them without a limit)."""
         return self.splits[split][:limit]
 
-    def train_batch(self, size: int, seed: int, batch: int) -> list[Scenario]:
+    def train_batch(self, size: int, seed: int, batch: int) -> list[Example]:
         """RL batch `batch`: a pure function of (seed, batch), so a resumed run draws it again."""
-        return batch_scenarios(self.splits["train"], size, seed, batch)
+        return batch_examples(self.splits["train"], size, seed, batch)
 
-    def render(self, scenario: Scenario, system_prompt: str | None = None) -> list[dict[str, str]]:
+    def render(self, example: Example, system_prompt: str | None = None) -> list[dict[str, str]]:
         s = self.spec.system_prompt if system_prompt is None else system_prompt
         if self.rollout_fn is not None:  # the function writes the rest of its messages
             return [{"role": "system", "content": s}] if s else []
         env = self.environment
         if env is not None and env.opening is not None:
-            opening = [dict(m) for m in env.opening(scenario.x)]
+            opening = [dict(m) for m in env.opening(example.x)]
         else:
             assert self.spec.user_template is not None  # checked by load_task
-            opening = [{"role": "user", "content": self.spec.user_template.format_map(scenario.x)}]
+            opening = [{"role": "user", "content": self.spec.user_template.format_map(example.x)}]
         return ([{"role": "system", "content": s}] if s else []) + opening
 
     def episode(
         self,
-        scenario: Scenario,
+        example: Example,
         system_prompt: str | None = None,
         messages: list[dict[str, Any]] | None = None,
     ) -> Episode:
-        opening = messages if messages is not None else self.render(scenario, system_prompt)
+        opening = messages if messages is not None else self.render(example, system_prompt)
         env, spec = self.environment, self.spec.environment
         if env is None or spec is None:
             return Episode(messages=opening, max_turns=1)
         return Episode(
             messages=opening,
             tools=env.tools,
-            respond=functools.partial(env.respond, scenario.x) if env.respond else None,
-            reward=functools.partial(env.reward, scenario.x) if env.reward else None,
+            respond=functools.partial(env.respond, example.x) if env.respond else None,
+            reward=functools.partial(env.reward, example.x) if env.reward else None,
             max_turns=spec.max_turns or env.max_turns,
             timeout_s=spec.timeout_s,
             tool_timeout_s=spec.tool_timeout_s,
@@ -236,30 +236,30 @@ class Task:
         )
 
     def scorer(
-        self, scenario: Scenario, completion: str
+        self, example: Example, completion: str
     ) -> tuple[Callable[..., Any], tuple[Any, ...], float | None]:
         """The reward to call, its arguments and its timeout (None: a built-in reward, which
         bounds itself)."""
         if self.reward is None:
             assert self.environment is not None and self.environment.reward is not None
-            episode = [*self.render(scenario), {"role": "assistant", "content": completion}]
+            episode = [*self.render(example), {"role": "assistant", "content": completion}]
             limit = self.spec.environment.timeout_s if self.spec.environment else None
-            return self.environment.reward, (scenario.x, episode), limit
+            return self.environment.reward, (example.x, episode), limit
         limit = self.spec.reward.limit_s if self.spec.reward is not None else None
-        return self.reward, (scenario.x, completion), limit
+        return self.reward, (example.x, completion), limit
 
-    async def score(self, scenario: Scenario, completion: str) -> Score:
+    async def score(self, example: Example, completion: str) -> Score:
         """R(x, y), off the event loop (a sync reward in a thread of its own) under the reward's
         timeout. Garbage output scores 0; a reward that outlives its timeout scores 0 and says
         so in the log; a reward that raises is a bug and says so. With an environment that
         scores episodes, `completion` is scored as a one-reply episode."""
         completion = completion if isinstance(completion, str) else ""
-        fn, args, limit = self.scorer(scenario, completion)
+        fn, args, limit = self.scorer(example, completion)
         what = f"the reward of {self.name}"
         try:
             result = await within(fn, args, timeout_s=limit, what=what)
         except CallbackTimeout as error:
-            log.warning("%s on record %r; scored 0", error, scenario.id)
+            log.warning("%s on record %r; scored 0", error, example.id)
             return Score(reward=0.0, feedback=f"{error}; scored 0", metrics={"correct": 0.0})
         try:
             return as_score(result)
@@ -313,7 +313,9 @@ def _where(path: Path, text: str, loc: tuple[str | int, ...]) -> str:
     return f"{path}:{line}" if line is not None else str(path)
 
 
-def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | None = None) -> Task:
+def load_scenario(
+    name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
+) -> Scenario:
     """Load a scenario by built-in name or path; `overrides` patch its `[source]` table."""
     path = _locate(name_or_path)
     text = path.read_text(encoding="utf-8")
@@ -356,20 +358,20 @@ def load_task(name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | N
             f"{path}: field 'user_template': required (unless an [environment] opens its episodes)"
         )
     records = loader(source, path.parent, seed)
-    task = Task(
+    scenario = Scenario(
         spec=spec, splits={}, reward=reward, path=path, environment=environment,
         rollout_fn=rollout_fn,
     )  # fmt: skip
-    fill_splits(task, records, path)
+    fill_splits(scenario, records, path)
     user_reward = spec.reward is not None and ":" in spec.reward.name  # try it once, now
-    if user_reward and (problem := reward_problem(task)):
+    if user_reward and (problem := reward_problem(scenario)):
         raise ScenarioFileError(f"{_where(path, text, ('reward', 'name'))}: {problem}")
-    return task
+    return scenario
 
 
-def fill_splits(task: Task, records: dict[str, list[dict[str, Any]]], path: Path) -> None:
+def fill_splits(scenario: Scenario, records: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """The task's scenarios, split by split, each record checked against `user_template`."""
-    spec = task.spec
+    spec = scenario.spec
     needed = _template_fields(spec.user_template or "")
     for split in SPLITS:
         items = []
@@ -382,11 +384,14 @@ def fill_splits(task: Task, records: dict[str, list[dict[str, Any]]], path: Path
                 )
             ident = str(x[spec.id_field]) if spec.id_field and spec.id_field in x else x.get("id")
             items.append(
-                Scenario(
-                    id=str(ident or f"{spec.name}-{split}-{index}"), split=split, x=x, task=task
+                Example(
+                    id=str(ident or f"{spec.name}-{split}-{index}"),
+                    split=split,
+                    x=x,
+                    scenario=scenario,
                 )
             )
-        task.splits[split] = items
+        scenario.splits[split] = items
 
 
 def load_rollout(spec: ScenarioSpec, path: Path, text: str) -> RolloutFunction | None:
@@ -407,7 +412,7 @@ def load_rollout(spec: ScenarioSpec, path: Path, text: str) -> RolloutFunction |
         raise ScenarioFileError(f"{_where(path, text, ('rollout', 'function'))}: {error}") from None
 
 
-def rollout_task(
+def rollout_scenario(
     fn: Callable[..., Any],
     *,
     source: dict[str, Any],
@@ -418,7 +423,7 @@ def rollout_task(
     id_field: str | None = None,
     seed: int = 0,
     near: Path | None = None,
-) -> Task:
+) -> Scenario:
     """The Python form of a `[rollout]` scenario: `fn` (ART's `async def rollout(model, record)`,
     or with a third `context` parameter) runs each record of `source` (a `[source]` table as a
     dict; relative paths start at `near`, default the working directory)."""
@@ -436,11 +441,11 @@ def rollout_task(
     validated, loader = source_of(
         source, "source.type", lambda error, _: f"source: {first_error(error)}"
     )
-    task = Task(
+    scenario = Scenario(
         spec=spec, splits={}, reward=None, path=folder / f"{spec.name}.py", rollout_fn=checked
     )
-    fill_splits(task, loader(validated, folder, seed), folder)
-    return task
+    fill_splits(scenario, loader(validated, folder, seed), folder)
+    return scenario
 
 
 def source_of(
@@ -489,18 +494,22 @@ def source_error(
     return f"{where}: {first_error(error).partition(': ')[2]}"
 
 
-def reward_problem(task: Task) -> str | None:
+def reward_problem(scenario: Scenario) -> str | None:
     """Why a user's reward cannot score this task, found by calling it once on the first record
     with an empty reply (what a model may well answer): it raises, or it returns something that
     is no score. None when it is fine. Found here, this costs milliseconds; found in the run, it
     costs a model load and a round of generation first."""
-    first = next((items[0] for items in task.splits.values() if items), None)
-    if first is None or task.reward is None:
+    first = next((items[0] for items in scenario.splits.values() if items), None)
+    if first is None or scenario.reward is None:
         return None
-    name = task.spec.reward.name if task.spec.reward else "reward"
-    limit = (task.spec.reward.limit_s if task.spec.reward else None) or USER_REWARD_TIMEOUT_S
+    name = scenario.spec.reward.name if scenario.spec.reward else "reward"
+    limit = (
+        scenario.spec.reward.limit_s if scenario.spec.reward else None
+    ) or USER_REWARD_TIMEOUT_S
     try:
-        as_score(call_within(task.reward, (first.x, ""), timeout_s=limit, what=f"reward {name!r}"))
+        as_score(
+            call_within(scenario.reward, (first.x, ""), timeout_s=limit, what=f"reward {name!r}")
+        )
     except CallbackTimeout as error:
         return (
             f"{error} on record {first.id!r} with an empty reply (reward.timeout_s); a reward "
@@ -542,12 +551,12 @@ def tool_choice_problem(choice: str | None, tools: Sequence[Callable[..., Any]])
     return None
 
 
-def batch_scenarios(pool: Sequence[Scenario], size: int, seed: int, batch: int) -> list[Scenario]:
+def batch_examples(pool: Sequence[Example], size: int, seed: int, batch: int) -> list[Example]:
     """Batch `batch` of an endless stream of seeded per-epoch shuffles of `pool`."""
     return [stream_item(pool, seed, p) for p in range(batch * size, (batch + 1) * size)]
 
 
-def stream_item(pool: Sequence[Scenario], key: object, position: int) -> Scenario:
+def stream_item(pool: Sequence[Example], key: object, position: int) -> Example:
     """Item `position` of an endless stream of per-epoch shuffles of `pool` seeded by `key`."""
     if not pool:
         raise ValueError("the train split is empty")

@@ -21,14 +21,14 @@ def reward(text: str) -> float:
 
 
 async def rollout_fn(
-    model: art.TrainableModel, scenario: dict, _config: None
+    model: art.TrainableModel, example: dict, _config: None
 ) -> art.TrajectoryGroup:
     """One request with n completions, as in ART's own PipelineTrainer example. It records the
     step it sampled at and the name it sampled from, to show that each step's weights serve
     the rollouts that follow it."""
-    messages = [{"role": "user", "content": scenario["prompt"]}]
+    messages = [{"role": "user", "content": example["prompt"]}]
     name = model.get_inference_name()
-    scenario.get("seen", []).append((await model.get_step(), name))
+    example.get("seen", []).append((await model.get_step(), name))
     response = await model.openai_client().chat.completions.create(
         messages=messages, model=name, max_tokens=4, n=4, logprobs=True
     )
@@ -62,7 +62,7 @@ def pipeline(model, backend, seen: list, steps: int) -> PipelineTrainer:
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        scenarios=[{"prompt": p, "seen": seen} for p in PROMPTS * 4],
+        examples=[{"prompt": p, "seen": seen} for p in PROMPTS * 4],
         config=None,
         eval_fn=eval_fn,
         learning_rate=1e-4,

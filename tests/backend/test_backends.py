@@ -18,7 +18,7 @@ import art
 import pytest
 import torch
 
-from art_rlvr import DEFAULT_BASE_MODEL, backends, load_task
+from art_rlvr import DEFAULT_BASE_MODEL, backends, load_scenario
 from art_rlvr.backend.torch_backend import TorchBackend
 from art_rlvr.backends import (
     BACKENDS,
@@ -35,7 +35,7 @@ from art_rlvr.ei.relabel import clean_messages
 from art_rlvr.gepa.adapter import ARTPromptAdapter, EvalStore, Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState, train_until
-from art_rlvr.rollouts import SamplingConfig
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -277,7 +277,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
     inner = build_backend("torch", path=tmp_path / "art", seed=1, lora_rank=8)
     assert isinstance(inner, TorchBackend)
     backend = ProtocolOnly(inner)
-    task = load_task("arith", seed=0)
+    scenario = load_scenario("arith", seed=0)
     try:
         model = art.TrainableModel(
             name="public-api", project="tests", run_name="public-api", base_model=DEFAULT_BASE_MODEL
@@ -290,7 +290,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
             ["max_tokens=8", "groups_per_batch=2", "group_size=3", f"run_dir={tmp_path / 'rl'}"]
         )
         files = RunFiles(cfg.directory)
-        ctx = RunContext(cfg, task, backend, model, files, time.monotonic())  # type: ignore[arg-type]
+        ctx = RunContext(cfg, scenario, backend, model, files, time.monotonic())  # type: ignore[arg-type]
         state = await train_until(
             ctx, TrainState(), until=1, system_prompt=None, eval_at=lambda s: False
         )
@@ -307,7 +307,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
             seed=3,
             loop=asyncio.get_running_loop(),
         )
-        evals = await adapter.aevaluate(task.splits["train"][:2], "Answer with a number.")
+        evals = await adapter.aevaluate(scenario.splits["train"][:2], "Answer with a number.")
         assert len(evals) == 2 and all(0.0 <= e.score <= 1.0 for e in evals)
 
         # EI: collect a round, then distil it with model.train_sft
@@ -318,7 +318,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
             sft_batch_size=4,
             sft_epochs=1,
         )
-        output = await collect_round(model, task, ei, 0, backend=backend)
+        output = await collect_round(model, scenario, ei, 0, backend=backend)
         assert output.buffer.examples, output.buffer.stats
         metrics = await distill_round(model, backend, output.buffer, ei, learning_rate=2e-4)
         assert metrics and metrics["sft_examples"] == len(output.buffer.examples)
@@ -326,7 +326,7 @@ async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protoco
 
         # Hint reliance needs TorchBackend's own scorer: n/a through ART's protocol, a number
         # on TorchBackend itself
-        clean = list(clean_messages(task.splits["train"][0], None))
+        clean = list(clean_messages(scenario.splits["train"][0], None))
         pairs = [(hinted_prompt(clean, "Count carefully."), clean, "7")]
         assert await score_reliance(backend, model, pairs) is None
         scored = await score_reliance(inner, model, pairs)

@@ -19,9 +19,11 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-async def test_256_concurrent_rollouts_finish_without_errors_in_bounded_memory(model, task) -> None:
-    scenarios = task.splits["train"][:CONCURRENT]
-    assert len(scenarios) == CONCURRENT
+async def test_256_concurrent_rollouts_finish_without_errors_in_bounded_memory(
+    model, scenario
+) -> None:
+    examples = scenario.splits["train"][:CONCURRENT]
+    assert len(examples) == CONCURRENT
     baseline, peak, done = rss_mb(), 0.0, asyncio.Event()
 
     async def watch() -> None:
@@ -33,13 +35,13 @@ async def test_256_concurrent_rollouts_finish_without_errors_in_bounded_memory(m
     watcher = asyncio.create_task(watch())
     sampling = SamplingConfig(max_tokens=8, temperature=1.0, seed=0)
     results = await asyncio.gather(
-        *[rollout(model, sc, sampling=sampling) for sc in scenarios], return_exceptions=True
+        *[rollout(model, sc, sampling=sampling) for sc in examples], return_exceptions=True
     )
     done.set()
     await watcher
     errors = [r for r in results if isinstance(r, BaseException)]
     assert errors == []
-    assert {t.metadata["scenario_id"] for t in results} == {s.id for s in scenarios}
+    assert {t.metadata["scenario_id"] for t in results} == {s.id for s in examples}
     assert all(0 < t.metrics["completion_tokens"] <= 8 for t in results)
     print(f"{CONCURRENT} concurrent rollouts: RSS {baseline:.0f} MB -> peak {peak:.0f} MB")
     assert peak - baseline < MAX_EXTRA_MB

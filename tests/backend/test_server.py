@@ -113,12 +113,12 @@ async def test_32_concurrent_requests_are_batched(model, backend) -> None:
 
 async def arrive_apart(engine, prompt: list[int], count: int, gap: float) -> None:
     """`count` requests `gap` seconds apart, as a burst of HTTP requests reaches the engine."""
-    tasks = []
+    scenarios = []
     for i in range(count):
         params = SamplingParams(max_tokens=2, temperature=1.0, seed=i)
-        tasks.append(asyncio.create_task(engine.generate(prompt, params, adapter=None)))
+        scenarios.append(asyncio.create_task(engine.generate(prompt, params, adapter=None)))
         await asyncio.sleep(gap)
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*scenarios)
 
 
 @pytest.mark.parametrize(

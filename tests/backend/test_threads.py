@@ -223,7 +223,7 @@ async def test_training_runs_at_the_backends_count_not_the_one_the_engine_set_la
 
 
 async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
-    two_threads, task
+    two_threads, scenario
 ) -> None:
     """libgomp cuts every wait's spinning to 100 while the process holds more OpenMP workers
     than cores, and each thread that runs torch at more than one thread keeps its own pool: a
@@ -235,7 +235,7 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
     model = await new_model(backend, "onethread")
     trainee = backend._trainees[model.name]
     groups = await gather_groups(
-        model, task.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=8), seed=1
+        model, scenario.splits["train"][:2], 4, sampling=SamplingConfig(max_tokens=8), seed=1
     )
     for group in groups:
         for i, trajectory in enumerate(group.trajectories):
@@ -252,7 +252,7 @@ async def test_training_and_saving_run_on_the_engine_thread_with_gradients(
         result = await backend.train(model, groups, learning_rate=1e-4)
         chunk_threads = [t for t in threading.enumerate() if t.name.startswith("art-rlvr-chunk")]
         saved = sorted(p.name for p in watched.iterdir())
-        await rollout(model, task.splits["val"][0], sampling=SamplingConfig(max_tokens=4))
+        await rollout(model, scenario.splits["val"][0], sampling=SamplingConfig(max_tokens=4))
     finally:
         hook.remove()
     assert result.step == 1 and saved == ["0000", "0001"] and chunk_threads == []

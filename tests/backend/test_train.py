@@ -28,10 +28,14 @@ def adapter_params(backend, model) -> dict[str, torch.Tensor]:
     }
 
 
-async def contrast_groups(model, task, n_groups=2) -> list[art.TrajectoryGroup]:
+async def contrast_groups(model, scenario, n_groups=2) -> list[art.TrajectoryGroup]:
     """Real sampled groups, with rewards forced apart so each group carries signal."""
     groups = await gather_groups(
-        model, task.splits["train"][:n_groups], 4, sampling=SamplingConfig(max_tokens=12), seed=1
+        model,
+        scenario.splits["train"][:n_groups],
+        4,
+        sampling=SamplingConfig(max_tokens=12),
+        seed=1,
     )
     for g in groups:
         for i, t in enumerate(g.trajectories):
@@ -40,14 +44,14 @@ async def contrast_groups(model, task, n_groups=2) -> list[art.TrajectoryGroup]:
 
 
 async def test_rl_step_changes_weights_served_output_and_checkpoints(
-    backend, make_model, task, art_path: Path
+    backend, make_model, scenario, art_path: Path
 ) -> None:
     model = await make_model("rl")
     assert model.get_inference_name() == f"{model.name}@0"
-    sc = task.splits["val"][0]
+    sc = scenario.splits["val"][0]
     greedy = SamplingConfig(max_tokens=16, temperature=0)
     before_params = adapter_params(backend, model)
-    groups = await contrast_groups(model, task)
+    groups = await contrast_groups(model, scenario)
     result = await backend.train(model, groups, learning_rate=5e-3)
     assert result.step == 1 and await model.get_step() == 1
     m = result.metrics
@@ -78,14 +82,14 @@ async def test_rl_step_changes_weights_served_output_and_checkpoints(
 
 
 async def test_save_checkpoint_false_still_advances_and_serves(
-    backend, make_model, task, art_path: Path, caplog
+    backend, make_model, scenario, art_path: Path, caplog
 ) -> None:
     """ART's semantics: the step advances and its weights are served either way; without
     `save_checkpoint` only the optimizer state is not written."""
     model = await make_model("nosave")
     before = adapter_params(backend, model)
     result = await backend.train(
-        model, await contrast_groups(model, task, 1), learning_rate=5e-3, save_checkpoint=False
+        model, await contrast_groups(model, scenario, 1), learning_rate=5e-3, save_checkpoint=False
     )
     assert result.step == 1 and await model.get_step() == 1
     assert model.get_inference_name() == f"{model.name}@1"
@@ -107,10 +111,10 @@ async def test_save_checkpoint_false_still_advances_and_serves(
     assert all(torch.equal(after[k], v) for k, v in adapter_params(backend, model).items())
 
 
-async def test_all_equal_groups_are_skipped_and_reported(backend, make_model, task) -> None:
+async def test_all_equal_groups_are_skipped_and_reported(backend, make_model, scenario) -> None:
     model = await make_model("skip")
     groups = await gather_groups(
-        model, task.splits["train"][:2], 3, sampling=SamplingConfig(max_tokens=8), seed=2
+        model, scenario.splits["train"][:2], 3, sampling=SamplingConfig(max_tokens=8), seed=2
     )
     for g in groups:
         for t in g.trajectories:
@@ -239,9 +243,9 @@ async def test_a_plain_model_marked_trainable_is_refused_by_name(tmp_path) -> No
         await backend.close()
 
 
-async def test_unknown_art_kwargs_warn_not_crash(backend, make_model, task) -> None:
+async def test_unknown_art_kwargs_warn_not_crash(backend, make_model, scenario) -> None:
     model = await make_model("kw")
-    groups = await contrast_groups(model, task, n_groups=1)
+    groups = await contrast_groups(model, scenario, n_groups=1)
     with pytest.warns(UserWarning, match="plot_tensors"):
         result = await backend.train(
             model, groups, learning_rate=1e-5, plot_tensors=True, loss_fn="ppo", kl_penalty_coef=0.1
@@ -249,13 +253,13 @@ async def test_unknown_art_kwargs_warn_not_crash(backend, make_model, task) -> N
     assert result.step == 1 and result.metrics["kl"] >= 0
 
 
-async def test_new_backend_resumes_at_last_step(tmp_path, task) -> None:
+async def test_new_backend_resumes_at_last_step(tmp_path, scenario) -> None:
     first = TorchBackend(path=tmp_path, seed=0)
     model = art.TrainableModel(
         name="resume", project="p", run_name="resume", base_model="embedded:SmolLM2-135M-Instruct"
     )
     await model.register(first)
-    await first.train(model, await contrast_groups(model, task, 1), learning_rate=1e-3)
+    await first.train(model, await contrast_groups(model, scenario, 1), learning_rate=1e-3)
     trained = adapter_params(first, model)
     await first.close()
     second = TorchBackend(path=tmp_path, seed=0)

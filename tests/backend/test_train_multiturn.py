@@ -296,18 +296,18 @@ def test_sft_agrees_with_art_on_plain_conversations(backend, turns) -> None:
     assert [i for i, m in enumerate(mine.loss_mask) if m] == theirs
 
 
-async def test_single_turn_samples_are_unchanged(backend, make_model, task) -> None:
+async def test_single_turn_samples_are_unchanged(backend, make_model, scenario) -> None:
     """Single-turn groups (sampled, and EI-style choices without ids) give exactly the
     samples of the earlier last-choice trainer."""
     tok = tokenizer_of(backend)
     model = await make_model("single")
     groups = await gather_groups(
-        model, task.splits["train"][:2], 3, sampling=SamplingConfig(max_tokens=8), seed=3
+        model, scenario.splits["train"][:2], 3, sampling=SamplingConfig(max_tokens=8), seed=3
     )
     relabelled = [
         art.Trajectory(
             messages_and_choices=[
-                *task.splits["train"][0].messages(),
+                *scenario.splits["train"][0].messages(),
                 Choice(
                     index=0,
                     finish_reason="stop",

@@ -51,7 +51,8 @@ from art_rlvr.ei.stages import Hinted, relabel_hinted
 from art_rlvr.llm.client import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.ei import run_ei
-from art_rlvr.rollouts import SamplingConfig, run_episode
+from art_rlvr.rollouts.loop import run_episode
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -587,9 +588,9 @@ async def test_other_settings_in_the_same_folder_are_refused(
 def test_teacher_needs_the_answer_field(tmp_path: Path) -> None:
     cfg = EIConfig(enable_teacher_hints=True, answer_field="gold")
     from art_rlvr.loops.ei import check_records
-    from art_rlvr.scenarios.scenario import load_task
+    from art_rlvr.scenarios.scenario import load_scenario
 
-    ctx = RunContext(parse_args(["mode=ei"]), load_task("arith"), None, None, None, 0.0)  # type: ignore[arg-type]
+    ctx = RunContext(parse_args(["mode=ei"]), load_scenario("arith"), None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="answer_field='gold' is not a field of arith"):
         check_records(ctx, cfg)
 
@@ -607,10 +608,10 @@ def test_teacher_needs_the_answer_field(tmp_path: Path) -> None:
 )
 def test_search_tool_choice_must_fit_the_scenario(scenario, choice, message) -> None:
     from art_rlvr.loops.ei import check_records
-    from art_rlvr.scenarios.scenario import load_task
+    from art_rlvr.scenarios.scenario import load_scenario
 
     cfg = EIConfig(search_tool_choice=choice)
-    ctx = RunContext(parse_args(["mode=ei"]), load_task(scenario), None, None, None, 0.0)  # type: ignore[arg-type]
+    ctx = RunContext(parse_args(["mode=ei"]), load_scenario(scenario), None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape(message)) as caught:
         check_records(ctx, cfg)
     assert str(caught.value).startswith("ei.search_tool_choice: tool_choice")

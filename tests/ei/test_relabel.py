@@ -21,7 +21,7 @@ from art_rlvr.ei.expert import collect_round
 from art_rlvr.ei.hints import HINT_PREFIX, make_teacher
 from art_rlvr.ei.relabel import clean_messages, hint_leaks, message_text, relabel
 from art_rlvr.llm.client import LLMCounters
-from art_rlvr.scenarios.scenario import batch_scenarios, load_task
+from art_rlvr.scenarios.scenario import batch_examples, load_scenario
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-ei-episodes-teacher-7731"
@@ -30,7 +30,7 @@ HINT = "Line up the ones column first, then carry into the tens column"
 
 @pytest.fixture(scope="module")
 def retry_task():
-    return load_task("arith_retry", seed=0)
+    return load_scenario("arith_retry", seed=0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -91,7 +91,7 @@ async def test_scripted_round_hints_the_opening_and_relabels_every_turn(
     its third try. Kept, it is distilled with all three tries under the clean prompt and no
     hint in any turn; when its second turn quotes the hint, it is caught and not distilled."""
     cfg0 = EIConfig(scenarios_per_round=1)
-    (scenario,) = batch_scenarios(retry_task.splits["train"], 1, cfg0.seed, 0)
+    (scenario,) = batch_examples(retry_task.splits["train"], 1, cfg0.seed, 0)
     answer = int(scenario.x["answer"])
     policy = [str(answer + k) for k in (1, 2, 3)] + later(answer)
     with (

@@ -12,11 +12,12 @@ import art
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.core.outcome import feedback_of, is_correct, turns
-from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.gepa.adapter import example_eval
 from art_rlvr.loops.context import group_metrics
-from art_rlvr.rollouts import SamplingConfig, rollout
+from art_rlvr.rollouts.rollout import rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.scenarios.environments.arith_retry import ArithRetry
 from art_rlvr.scenarios.environments.calc import calculator, multiply
 from art_rlvr.scenarios.environments.calc import environment as calc_environment
@@ -181,7 +182,7 @@ async def test_a_retry_solved_on_the_second_try_is_correct_everywhere() -> None:
     """Reward 0.5 on `arith_retry` is a solve (`outcome.is_correct`): group statistics count the
     group all correct and GEPA's perfect-minibatch rule sees it as nothing to improve, as
     evaluation and expert iteration do."""
-    record = load_task("arith_retry", seed=0).splits["val"][0]
+    record = load_scenario("arith_retry", seed=0).splits["val"][0]
     answer = int(record.x["answer"])
     script = [Step.reply(str(answer + 1)), Step.reply(str(answer))] * 2
     with ScriptedServer(script) as server:
@@ -190,7 +191,7 @@ async def test_a_retry_solved_on_the_second_try_is_correct_everywhere() -> None:
     assert [(t.reward, is_correct(t)) for t in group.trajectories] == [(0.5, True)] * 2
     stats = group_metrics([group])
     assert (stats["frac_all_correct"], stats["accuracy"], stats["reward_mean"]) == (1, 1, 0.5)
-    assert scenario_eval(group, "Be brief.").perfect
+    assert example_eval(group, "Be brief.").perfect
 
 
 # ---- the calculator tool ---------------------------------------------------------------------
@@ -317,9 +318,9 @@ async def run_faulty(
         f'[environment]\nname = "faulty_envs:make"\nmax_turns = {turns_}\ntimeout_s = 0.3\n'
         f'params = {{ mode = "{mode}", reward = "{reward}" }}\n'
     )
-    task = load_task(str(write(folder, toml)))
+    scenario = load_scenario(str(write(folder, toml)))
     with ScriptedServer([], default=Step.reply("7")) as server:
-        t = await rollout(scripted_model(server), task.splits["val"][0])
+        t = await rollout(scripted_model(server), scenario.splits["val"][0])
         return t, len(server.chat_requests)
 
 
@@ -383,7 +384,7 @@ async def test_a_healthy_custom_environment(faulty_dir, monkeypatch) -> None:
 async def test_sampling_overrides_the_scenarios_tool_choice(override, first) -> None:
     """What expert iteration's `search_tool_choice` rides on: the rollout asks with the
     override on turn 0, and (reset after a call, as in the Agents SDK) nothing on turn 1."""
-    sc = load_task("calc").splits["val"][0]
+    sc = load_scenario("calc").splits["val"][0]
     script = [
         Step.calls(("multiply", {"a": sc.x["a"], "b": sc.x["b"]})),
         Step.reply(str(sc.x["answer"])),
@@ -418,7 +419,7 @@ async def test_sampling_overrides_the_scenarios_tool_choice(override, first) -> 
 def test_bad_environment_tables(tmp_path: Path, table: str, message: str) -> None:
     path = write(tmp_path, HEAD + "[environment]\n" + table)
     with pytest.raises(ScenarioFileError) as caught:
-        load_task(str(path))
+        load_scenario(str(path))
     assert f"{path}{message}" in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -438,7 +439,7 @@ def test_bad_environment_tables(tmp_path: Path, table: str, message: str) -> Non
 )
 def test_what_an_environment_does_not_give_is_required(tmp_path, text, message) -> None:
     with pytest.raises(ScenarioFileError, match=message):
-        load_task(str(write(tmp_path, text)))
+        load_scenario(str(write(tmp_path, text)))
 
 
 # ---- one real episode of every built-in environment, with the embedded model -----------------
@@ -446,12 +447,12 @@ def test_what_an_environment_does_not_give_is_required(tmp_path, text, message) 
 
 @pytest.mark.parametrize("name", ["arith_retry", "tictactoe", "calc"])
 async def test_an_episode_with_the_embedded_model(model, name: str) -> None:
-    task = load_task(name, seed=0)
-    sc = task.splits["val"][0]
+    scenario = load_scenario(name, seed=0)
+    sc = scenario.splits["val"][0]
     t = await rollout(model, sc, sampling=SamplingConfig(max_tokens=12, temperature=0.0))
     sampled = [i for i in t.messages_and_choices if isinstance(i, Choice)]
     assert sampled and all(c.model_extra["token_ids"] for c in sampled)
-    assert t.metrics["turns"] == len(sampled) <= task.environment.max_turns
+    assert t.metrics["turns"] == len(sampled) <= scenario.environment.max_turns
     assert 0.0 <= t.reward <= 1.0 and feedback_of(t)
     assert t.metrics.get("env_error", 0.0) == 0.0 and t.metrics.get("reward_error", 0.0) == 0.0
     assert t.metadata["task"] == name

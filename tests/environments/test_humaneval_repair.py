@@ -13,9 +13,9 @@ from pathlib import Path
 import art
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.core.outcome import feedback_of
-from art_rlvr.rollouts import rollout
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
 
@@ -43,13 +43,13 @@ def scenario_file(folder: Path, params: str, timeout_s: float = 60.0) -> Path:
     return path
 
 
-def strlen_task(task):
-    return next(s for split in task.splits.values() for s in split if s.id == TASK)
+def strlen_task(scenario):
+    return next(s for split in scenario.splits.values() for s in split if s.id == TASK)
 
 
 @pytest.fixture(scope="module")
 def builtin():
-    return strlen_task(load_task("humaneval_repair", seed=0))
+    return strlen_task(load_scenario("humaneval_repair", seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def two_rounds(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("repair")
     limits = "limits = { timeout_s = 1.0, memory_mb = 512, max_processes = 8 }"
     path = scenario_file(folder, f"{{ rounds = 2, code = {{ {limits} }} }}")
-    return strlen_task(load_task(str(path), seed=0))
+    return strlen_task(load_scenario(str(path), seed=0))
 
 
 async def episode(sc, script: list[Step], default: Step | None = None):
@@ -88,7 +88,7 @@ async def test_a_pass_on_the_first_round_ends_the_episode(builtin) -> None:
 
 @pytest.mark.parametrize(("wrong_rounds", "reward"), [(0, 1.0), (1, 0.5), (2, 0.25), (3, 0.0)])
 async def test_the_reward_is_discounted_by_rounds(tmp_path, wrong_rounds, reward) -> None:
-    sc = strlen_task(load_task(str(scenario_file(tmp_path, "{ rounds = 3, discount = 0.5 }"))))
+    sc = strlen_task(load_scenario(str(scenario_file(tmp_path, "{ rounds = 3, discount = 0.5 }"))))
     script = [Step.reply(WRONG)] * wrong_rounds + [Step.reply(FIXED)]
     t, requests = await episode(sc, script)
     assert t.reward == reward and len(requests) == min(wrong_rounds + 1, 3)
@@ -164,7 +164,7 @@ async def test_hostile_writes_land_nowhere(two_rounds, tmp_path: Path) -> None:
 async def test_an_environment_that_outlives_its_timeout_ends_the_episode(tmp_path) -> None:
     limits = "limits = { timeout_s = 20.0 }"
     path = scenario_file(tmp_path, f"{{ rounds = 3, code = {{ {limits} }} }}", timeout_s=0.5)
-    sc = strlen_task(load_task(str(path)))
+    sc = strlen_task(load_scenario(str(path)))
     hang = "```python\ndef strlen(string):\n    while True:\n        pass\n```"
     started = time.monotonic()
     t, requests = await episode(sc, [], default=Step.reply(hang))
@@ -186,5 +186,5 @@ async def test_an_environment_that_outlives_its_timeout_ends_the_episode(tmp_pat
 def test_bad_environment_params(tmp_path: Path, params: str, message: str) -> None:
     path = scenario_file(tmp_path, params)
     with pytest.raises(ScenarioFileError, match="bad parameters for environment") as caught:
-        load_task(str(path))
+        load_scenario(str(path))
     assert message in str(caught.value) and "\n" not in str(caught.value)

@@ -27,7 +27,8 @@ import pytest
 
 from art_rlvr.core.outcome import turns
 from art_rlvr.core.types import Episode
-from art_rlvr.rollouts import rollout, run_episode
+from art_rlvr.rollouts.loop import run_episode
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rollouts.tools import call_tool, tool
 from art_rlvr.rundir.stored import read_trajectories
@@ -37,7 +38,7 @@ from art_rlvr.scenarios.environments.mcp_tools import (
     schema_problem,
     servers_of,
 )
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
@@ -335,7 +336,7 @@ def test_a_server_that_cannot_serve_is_a_load_time_error_at_its_line(
 ) -> None:
     path = scenario_file(tmp_path, params, tool_choice)
     with pytest.raises(ScenarioFileError) as caught:
-        load_task(str(path))
+        load_scenario(str(path))
     assert str(caught.value).startswith(f"{path}:{line}: ")
     assert says in str(caught.value)
 
@@ -367,20 +368,22 @@ def test_schema_problems(name: str, schema: Any, problem: str | None) -> None:
 
 
 def test_an_allow_list_keeps_only_the_named_tools(tmp_path: Path) -> None:
-    task = load_task(str(scenario_file(tmp_path, {"command": [*STDIO], "tools": ["multiply"]})))
-    assert task.environment is not None
-    assert [t.name for t in task.environment.tools] == ["multiply"]
-    assert len(servers_of([task.environment, None, task.environment])) == 1
+    scenario = load_scenario(
+        str(scenario_file(tmp_path, {"command": [*STDIO], "tools": ["multiply"]}))
+    )
+    assert scenario.environment is not None
+    assert [t.name for t in scenario.environment.tools] == ["multiply"]
+    assert len(servers_of([scenario.environment, None, scenario.environment])) == 1
 
 
 async def test_a_scenario_episode_through_rollout_calls_the_server(tmp_path: Path) -> None:
-    task = load_task(str(scenario_file(tmp_path, {"command": [*STDIO], "max_turns": 3})))
-    scenario = task.splits["val"][0]
-    a, b = scenario.x["a"], scenario.x["b"]
+    scenario = load_scenario(str(scenario_file(tmp_path, {"command": [*STDIO], "max_turns": 3})))
+    example = scenario.splits["val"][0]
+    a, b = example.x["a"], example.x["b"]
     script = [Step.calls(("multiply", {"a": a, "b": b})), Step.reply(str(a * b))]
-    (server,) = servers_of([task.environment])
+    (server,) = servers_of([scenario.environment])
     with ScriptedServer(script) as llm:
-        t = await rollout(scripted_model(llm), scenario, sampling=SamplingConfig(temperature=0))
+        t = await rollout(scripted_model(llm), example, sampling=SamplingConfig(temperature=0))
         first = llm.chat_requests[0].body
     await server.aclose()
     assert t.reward == 1.0 and t.metrics["tool_calls"] == 1 and t.metrics["tool_errors"] == 0
@@ -435,17 +438,17 @@ def test_the_docs_example_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> No
     assert first["python"] == (EXAMPLE / "calc_server.py").read_text()
     assert first["toml"] == (EXAMPLE / "calc_mcp.toml").read_text()
     monkeypatch.chdir(ROOT)  # the command's relative path starts at the repository's root
-    task = load_task("docs/examples/mcp/calc_mcp.toml")
-    scenario = task.splits["val"][0]
-    a, b = scenario.x["a"], scenario.x["b"]
+    scenario = load_scenario("docs/examples/mcp/calc_mcp.toml")
+    example = scenario.splits["val"][0]
+    a, b = example.x["a"], example.x["b"]
 
     async def play() -> Any:
-        (server,) = servers_of([task.environment])
+        (server,) = servers_of([scenario.environment])
         with ScriptedServer(
             [Step.calls(("multiply", {"a": a, "b": b})), Step.reply(str(a * b))]
         ) as llm:
             async with server:
-                return await rollout(scripted_model(llm), scenario)
+                return await rollout(scripted_model(llm), example)
 
     t = asyncio.run(play())
     assert t.reward == 1.0 and t.metrics["tool_calls"] == 1 and t.metrics["tool_errors"] == 0
@@ -463,7 +466,7 @@ def test_cli_eval_of_an_mcp_scenario_closes_its_server_and_exports_tool_turns(
 
     pids = tmp_path / "pids"
     path = scenario_file(tmp_path, {"command": [*STDIO], "env": {"MCP_TEST_PID_FILE": str(pids)}})
-    items = load_task(str(path)).splits["val"][:1]  # one episode: the script's order is its own
+    items = load_scenario(str(path)).splits["val"][:1]  # one episode: the script's order is its own
     script = [
         step
         for s in items
@@ -519,11 +522,11 @@ def served_results(messages: list[Any]) -> list[tuple[dict[str, Any], str]]:
 async def test_the_embedded_model_runs_an_mcp_episode(make_model, tmp_path: Path) -> None:
     """TorchBackend's model makes the (grammar-forced) call, the server answers it, the model
     reads the result and answers: two sampled turns in one trajectory."""
-    task = load_task(str(embedded_scenario(tmp_path)))
-    (server,) = servers_of([task.environment])
+    scenario = load_scenario(str(embedded_scenario(tmp_path)))
+    (server,) = servers_of([scenario.environment])
     model = await make_model("mcp")
     async with server:
-        t = await rollout(model, task.splits["val"][0], sampling=SamplingConfig(max_tokens=48))
+        t = await rollout(model, scenario.splits["val"][0], sampling=SamplingConfig(max_tokens=48))
     messages = [
         m if isinstance(m, dict) else m.message.model_dump() for m in t.messages_and_choices
     ]

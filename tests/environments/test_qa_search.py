@@ -13,9 +13,9 @@ from pathlib import Path
 import art
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.core.outcome import feedback_of, turns
-from art_rlvr.rollouts import rollout
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.scenarios.environments.qa_search import Corpus, read_corpus, shipped, shown_ids
 from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing import ScriptedServer, Step
@@ -24,8 +24,8 @@ DATA = Path(__file__).resolve().parents[2] / "scenarios" / "data"
 
 
 @pytest.fixture(scope="module")
-def task():
-    return load_task("qa_search", seed=0)
+def scenario():
+    return load_scenario("qa_search", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,8 @@ def scripted_model(server: ScriptedServer) -> art.Model:
     )  # fmt: skip
 
 
-def by_id(task, ident: str):
-    return next(s for split in task.splits.values() for s in split if s.id == ident)
+def by_id(scenario, ident: str):
+    return next(s for split in scenario.splits.values() for s in split if s.id == ident)
 
 
 # ---- the shipped data ---------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_a_query_without_matches_says_so(corpus: Corpus) -> None:
 # ---- episodes through the real environment, scripted replies over loopback ------------------
 
 
-def oracle_script(task, sc) -> list[Step]:
+def oracle_script(scenario, sc) -> list[Step]:
     """Search the entity, then the name its passage gives, then answer: the intended path."""
     corpus_titles = {p.id: p.title for p in read_corpus(shipped("qa_search_corpus.jsonl"))}
     first, second = sc.x["support"]
@@ -116,9 +116,9 @@ def oracle_script(task, sc) -> list[Step]:
     ]
 
 
-async def test_two_searches_then_the_answer(task) -> None:
-    sc = by_id(task, "qs-000")
-    with ScriptedServer(oracle_script(task, sc)) as server:
+async def test_two_searches_then_the_answer(scenario) -> None:
+    sc = by_id(scenario, "qs-000")
+    with ScriptedServer(oracle_script(scenario, sc)) as server:
         t = await rollout(scripted_model(server), sc)
         requests = server.chat_requests
     assert t.reward == 1.0 and t.metrics["em"] == 1.0 and t.metrics["f1"] == 1.0
@@ -141,8 +141,8 @@ async def test_two_searches_then_the_answer(task) -> None:
         ("", 0.0, 0.0),
     ],
 )
-async def test_one_search_answers_scored_by_em_and_f1(task, answer, em, f1) -> None:
-    sc = by_id(task, "qs-000")
+async def test_one_search_answers_scored_by_em_and_f1(scenario, answer, em, f1) -> None:
+    sc = by_id(scenario, "qs-000")
     assert sc.x["answers"] == ["Old Westerhaven"]
     script = [Step.calls(("search", {"query": "Old Elmmoor Bridge"})), Step.reply(answer)]
     with ScriptedServer(script) as server:
@@ -172,8 +172,8 @@ async def test_one_search_answers_scored_by_em_and_f1(task, answer, em, f1) -> N
         (("lookup", {"query": "Elmmoor"}), "tool_unknown", "unknown tool 'lookup'"),
     ],
 )
-async def test_bad_tool_calls_are_told_and_counted(task, call, status: str, said: str) -> None:
-    sc = by_id(task, "qs-000")
+async def test_bad_tool_calls_are_told_and_counted(scenario, call, status: str, said: str) -> None:
+    sc = by_id(scenario, "qs-000")
     script = [Step.calls(call), Step.reply("Old Westerhaven")]
     with ScriptedServer(script) as server:
         t = await rollout(scripted_model(server), sc)
@@ -184,8 +184,8 @@ async def test_bad_tool_calls_are_told_and_counted(task, call, status: str, said
     assert t.reward == 1.0 and t.metrics["turns"] == 2  # and the episode went on
 
 
-async def test_a_model_that_only_searches_hits_the_turn_cap(task) -> None:
-    sc = by_id(task, "qs-000")
+async def test_a_model_that_only_searches_hits_the_turn_cap(scenario) -> None:
+    sc = by_id(scenario, "qs-000")
     with ScriptedServer([], default=Step.calls(("search", {"query": "Elmmoor"}))) as server:
         t = await rollout(scripted_model(server), sc)
         n = len(server.chat_requests)
@@ -194,15 +194,15 @@ async def test_a_model_that_only_searches_hits_the_turn_cap(task) -> None:
 
 
 async def test_without_the_tool_it_is_one_closed_book_reply() -> None:
-    task = load_task("qa_search_notool", seed=0)
-    sc = by_id(task, "qs-000")
+    scenario = load_scenario("qa_search_notool", seed=0)
+    sc = by_id(scenario, "qs-000")
     with ScriptedServer([Step.reply("Old Westerhaven")]) as server:
         t = await rollout(scripted_model(server), sc)
         body = server.chat_requests[0].body
     assert "tools" not in body and not t.tools and t.metrics["turns"] == 1
     assert t.reward == 1.0 and t.metrics["em"] == 1.0 and t.metrics["support_recall"] == 0.0
-    assert [s.id for s in task.splits["val"]] == [
-        s.id for s in load_task("qa_search", seed=0).splits["val"]
+    assert [s.id for s in scenario.splits["val"]] == [
+        s.id for s in load_scenario("qa_search", seed=0).splits["val"]
     ]  # the same questions with and without the tool
 
 
@@ -240,5 +240,5 @@ def test_bad_environment_params(tmp_path: Path, monkeypatch, corpus_lines, param
     path = tmp_path / "t.toml"
     path.write_text(textwrap.dedent(HEAD % (DATA / "qa_search.jsonl")) + f"params = {params}\n")
     with pytest.raises(ScenarioFileError, match="bad parameters for environment 'qa_search'") as e:
-        load_task(str(path))
+        load_scenario(str(path))
     assert message in str(e.value) and "\n" not in str(e.value)

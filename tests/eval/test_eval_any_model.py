@@ -22,7 +22,7 @@ from clirun import base_env, cli
 from art_rlvr.eval.evaluate import mean_pass_at_k, pass_at_k
 from art_rlvr.rundir.events import EvalEvent, RunSummary, parse_events
 from art_rlvr.rundir.stored import read_trajectories
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.testing.scripted_server import Recorded, ScriptedServer, Step
 
 KEY = "sk-test-3f9a1c77e2b04d"  # only ever in the environment of the run
@@ -57,7 +57,7 @@ def test_pass_at_k_refuses_impossible_counts(n: int, c: int, k: int) -> None:
 
 
 def answers(seed: int) -> list[str]:
-    return [str(s.x["answer"]) for s in load_task("arith", seed=seed).splits["val"][:ITEMS]]
+    return [str(s.x["answer"]) for s in load_scenario("arith", seed=seed).splits["val"][:ITEMS]]
 
 
 def script(seed: int, correct: list[list[bool]]) -> list[Step]:
@@ -150,7 +150,7 @@ def test_pass_at_k_matches_what_the_server_answered(runs: dict[int, Run]) -> Non
     """Independent of request order: which item each request asked and what it got back."""
     run = runs[0]
     truth = answers(0)
-    questions = [s.messages()[-1]["content"] for s in load_task("arith").splits["val"][:ITEMS]]
+    questions = [s.messages()[-1]["content"] for s in load_scenario("arith").splits["val"][:ITEMS]]
     replies = script(0, SEED0)
     assert len(run.requests) == ITEMS * N
     correct = [0] * ITEMS
@@ -304,7 +304,7 @@ def test_every_rollout_errored_is_a_failure_not_zero(tmp_path: Path) -> None:
     assert "model not found" in summary["failed"] and summary.get("pass_at_k") is None
 
 
-async def test_the_embedded_model_gets_pass_at_k_too(task, model, tmp_path: Path) -> None:
+async def test_the_embedded_model_gets_pass_at_k_too(scenario, model, tmp_path: Path) -> None:
     """`mode=eval eval_samples=n` without a policy samples the run's own model n times."""
     import time
 
@@ -316,8 +316,8 @@ async def test_the_embedded_model_gets_pass_at_k_too(task, model, tmp_path: Path
     words = ["mode=eval", "eval_samples=3", "eval_temperature=1.0", "val_limit=2", "max_tokens=4"]
     cfg = parse_args([*words, f"run_dir={tmp_path}"])
     files = RunFiles(tmp_path)
-    val = task.splits["val"][:2]
-    result = await run_phases(RunContext(cfg, task, None, model, files, time.monotonic()))
+    val = scenario.splits["val"][:2]
+    result = await run_phases(RunContext(cfg, scenario, None, model, files, time.monotonic()))
     assert set(result["pass_at_k"]) == {1, 3} and result["rollouts"] == 6
     assert result["policy"] is None and result["cost_usd"] is None
     rows = read_trajectories(tmp_path / "trajectories" / "val_0000.jsonl")

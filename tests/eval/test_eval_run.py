@@ -27,12 +27,11 @@ from test_eval_any_model import ITEMS, N, external_args
 from art_rlvr.eval.evaluate import mean_pass_all_k, mean_pass_at_k, pass_all_k, pass_at_k
 from art_rlvr.eval.journal import EvalPlan, evaluate_resumable, plan_for
 from art_rlvr.export_dataset import main as export_main
-from art_rlvr.rollouts import rollout_seed
-from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.rundir.events import RunSummary
 from art_rlvr.rundir.files import StateFileError
 from art_rlvr.rundir.stored import read_trajectories
-from art_rlvr.scenarios.scenario import Scenario, load_task
+from art_rlvr.scenarios.scenario import Example, load_scenario
 from art_rlvr.testing import ScriptedServer, Step
 
 SEED = 0  # ITEMS items x N samples, as test_eval_any_model's runs
@@ -78,18 +77,18 @@ def test_pass_all_k_refuses_impossible_counts(n: int, c: int, k: int) -> None:
         pass_all_k(n, c, k)
 
 
-def val(limit: int = ITEMS) -> list[Scenario]:
-    return load_task("arith", seed=SEED).splits["val"][:limit]
+def val(limit: int = ITEMS) -> list[Example]:
+    return load_scenario("arith", seed=SEED).splits["val"][:limit]
 
 
-def reply(scenario: Scenario, right: bool) -> Step:
-    answer = int(scenario.x["answer"])
+def reply(example: Example, right: bool) -> Step:
+    answer = int(example.x["answer"])
     return Step.reply(str(answer if right else answer + 1), delay_s=0.05)
 
 
-def script(keys: list[tuple[int, int]], scenarios: list[Scenario]) -> list[Step]:
+def script(keys: list[tuple[int, int]], examples: list[Example]) -> list[Step]:
     """Replies for (item, sample) keys in the order they will be asked."""
-    return [reply(scenarios[i], PATTERN[i][j]) for i, j in keys]
+    return [reply(examples[i], PATTERN[i][j]) for i, j in keys]
 
 
 def policy(server: ScriptedServer) -> art.Model:
@@ -99,11 +98,11 @@ def policy(server: ScriptedServer) -> art.Model:
     )  # fmt: skip
 
 
-def plan(scenarios: list[Scenario], samples: int = N) -> EvalPlan:
-    task = scenarios[0].task
+def plan(examples: list[Example], samples: int = N) -> EvalPlan:
+    scenario = examples[0].scenario
     return plan_for(
-        split="val", step=0, policy="scripted", scenario=task.name, files=[task.path],
-        scenarios=scenarios, samples=samples, sampling=SAMPLING, seed=SEED, system_prompt=None,
+        split="val", step=0, policy="scripted", scenario=scenario.name, files=[scenario.path],
+        examples=examples, samples=samples, sampling=SAMPLING, seed=SEED, system_prompt=None,
     )  # fmt: skip
 
 
@@ -111,9 +110,9 @@ SAMPLING = SamplingConfig(max_tokens=8, temperature=1.0)
 KEYS = [(i, j) for i in range(ITEMS) for j in range(N)]
 
 
-async def run(server: ScriptedServer, folder: Path, scenarios: list[Scenario], samples: int = N):
+async def run(server: ScriptedServer, folder: Path, examples: list[Example], samples: int = N):
     return await evaluate_resumable(
-        policy(server), scenarios, folder=folder, plan=plan(scenarios, samples),
+        policy(server), examples, folder=folder, plan=plan(examples, samples),
         sampling=SAMPLING, ks=[1, 2, 4], max_in_flight=1,
     )  # fmt: skip
 
@@ -132,21 +131,21 @@ def expected(k: int) -> tuple[float, float]:
 
 
 async def test_a_cancelled_eval_resumes_without_rerunning_finished_rollouts(tmp_path: Path) -> None:
-    scenarios = val()
+    examples = val()
     folder = tmp_path / "evals" / "val_0000"
-    with ScriptedServer(script(KEYS, scenarios)) as first:
-        running = asyncio.ensure_future(run(first, folder, scenarios))
+    with ScriptedServer(script(KEYS, examples)) as first:
+        running = asyncio.ensure_future(run(first, folder, examples))
         while not (folder / "rollouts.jsonl").exists() or len(journal_keys(folder)) < 5:
             await asyncio.sleep(0.01)
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
     booked = journal_keys(folder)
-    ids = [s.id for s in scenarios]
+    ids = [s.id for s in examples]
     left = [k for k in KEYS if (ids[k[0]], k[1]) not in booked]
     assert 5 <= len(booked) < len(KEYS) and len(left) == len(KEYS) - len(booked)
-    with ScriptedServer(script(left, scenarios)) as second:
-        result = await run(second, folder, scenarios)
+    with ScriptedServer(script(left, examples)) as second:
+        result = await run(second, folder, examples)
         asked = [r.body["seed"] for r in second.chat_requests]
     # only the missing rollouts were asked for, each once, with its own seed
     assert asked == [rollout_seed(SEED, ids[i], j) for i, j in left]
@@ -170,14 +169,14 @@ async def test_a_cancelled_eval_resumes_without_rerunning_finished_rollouts(tmp_
 
 
 async def test_a_torn_last_line_is_dropped_and_nothing_runs_again(tmp_path: Path) -> None:
-    scenarios = val(1)
+    examples = val(1)
     folder = tmp_path / "evals" / "val_0000"
-    with ScriptedServer(script([(0, j) for j in range(N)], scenarios)) as server:
-        first = await run(server, folder, scenarios)
+    with ScriptedServer(script([(0, j) for j in range(N)], examples)) as server:
+        first = await run(server, folder, examples)
     with (folder / "rollouts.jsonl").open("a") as handle:
-        handle.write('{"item": "' + scenarios[0].id + '", "sample": 0, "se')  # a kill mid-write
+        handle.write('{"item": "' + examples[0].id + '", "sample": 0, "se')  # a kill mid-write
     with ScriptedServer([]) as server:
-        again = await run(server, folder, scenarios)
+        again = await run(server, folder, examples)
         assert server.chat_requests == []
     assert (folder / "rollouts.jsonl").read_text().endswith("\n")
     assert len(journal_keys(folder)) == N
@@ -195,27 +194,27 @@ async def test_a_journal_of_other_settings_is_refused(
     tmp_path: Path, change: dict[str, int], says: str
 ) -> None:
     folder = tmp_path / "evals" / "val_0000"
-    scenarios = val(1)
-    with ScriptedServer(script([(0, j) for j in range(N)], scenarios)) as server:
-        await run(server, folder, scenarios)
+    examples = val(1)
+    with ScriptedServer(script([(0, j) for j in range(N)], examples)) as server:
+        await run(server, folder, examples)
     other = val(change.get("limit", 1))
     with ScriptedServer([]) as server, pytest.raises(StateFileError, match=says):
         await run(server, folder, other, change.get("samples", N))
     (folder / "metadata.json").write_text('{"plan": ')
     with ScriptedServer([]) as server, pytest.raises(StateFileError, match="is corrupt"):
-        await run(server, folder, scenarios)
+        await run(server, folder, examples)
 
 
 def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> None:
     """`python -m art_rlvr.run mode=eval` killed (SIGKILL) mid-way; the same command again
     runs only what the journal lacks; summary, metadata and metrics agree with the reference;
     the rollouts export to a folder `datasets.load_dataset` reads."""
-    scenarios = val()
-    ids = [s.id for s in scenarios]
+    examples = val()
+    ids = [s.id for s in examples]
     run_dir = tmp_path / "run"
     folder = run_dir / "evals" / "val_0000"
     env = base_env(ART_RLVR_TEST_KEY="sk-test-resume")
-    slow = [s.model_copy(update={"delay_s": 1.0}) for s in script(KEYS, scenarios)]
+    slow = [s.model_copy(update={"delay_s": 1.0}) for s in script(KEYS, examples)]
     with ScriptedServer(slow) as first:
         process = subprocess.Popen(
             [sys.executable, "-m", "art_rlvr.run", *external_args(first, run_dir, SEED)],
@@ -232,7 +231,7 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
     booked = journal_keys(folder)
     left = [k for k in KEYS if (ids[k[0]], k[1]) not in booked]
     assert 3 <= len(booked) < len(KEYS)
-    with ScriptedServer(script(left, scenarios)) as second:
+    with ScriptedServer(script(left, examples)) as second:
         done = cli(external_args(second, run_dir, SEED), env)
         asked = [r.body["seed"] for r in second.chat_requests]
     assert done.returncode == 0, done.stderr[-3000:]
@@ -276,10 +275,10 @@ def test_cli_eval_killed_with_sigkill_resumes_and_exports(tmp_path: Path) -> Non
 
 
 def test_resume_false_refuses_an_evaluation_already_there(tmp_path: Path) -> None:
-    scenarios = val()
+    examples = val()
     run_dir = tmp_path / "run"
     env = base_env(ART_RLVR_TEST_KEY="sk-test-resume")
-    with ScriptedServer(script(KEYS, scenarios)) as server:
+    with ScriptedServer(script(KEYS, examples)) as server:
         assert cli(external_args(server, run_dir, SEED), env).returncode == 0
     with ScriptedServer([]) as server:
         done = cli([*external_args(server, run_dir, SEED), "resume=false"], env)

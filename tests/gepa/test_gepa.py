@@ -27,15 +27,15 @@ from art_rlvr.gepa import (
     BudgetExceeded,
     Candidate,
     EvalStore,
+    ExampleEval,
     GEPAConfig,
     GEPAResult,
     GEPAState,
     Journal,
     Rejection,
-    ScenarioEval,
     optimize_prompt,
 )
-from art_rlvr.gepa.adapter import scenario_eval
+from art_rlvr.gepa.adapter import example_eval
 from art_rlvr.gepa.data import HistoryEvent, RejectionKind, RolloutTrace
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
 from art_rlvr.gepa.reflection import (
@@ -48,8 +48,9 @@ from art_rlvr.gepa.reflection import (
     reflective_records,
 )
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
-from art_rlvr.rollouts import SamplingConfig, run_episode
-from art_rlvr.scenarios.scenario import batch_scenarios
+from art_rlvr.rollouts.loop import run_episode
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import batch_examples
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-gepa-secret-do-not-write-0815"
@@ -95,9 +96,9 @@ def gepa_config(
     return GEPAConfig(**(values | overrides))
 
 
-def minibatch_answers(task, cfg: GEPAConfig, iteration: int) -> list[str]:
-    _, feedback = split_train(task.splits["train"], cfg.pareto_size, cfg.seed)
-    batch = batch_scenarios(feedback, cfg.traces_per_iteration, cfg.seed, iteration)
+def minibatch_answers(scenario, cfg: GEPAConfig, iteration: int) -> list[str]:
+    _, feedback = split_train(scenario.splits["train"], cfg.pareto_size, cfg.seed)
+    batch = batch_examples(feedback, cfg.traces_per_iteration, cfg.seed, iteration)
     return gold_answers_for_leak_check(batch, cfg.answer_field)
 
 
@@ -228,7 +229,7 @@ def test_summary_counts_rejections_by_their_recorded_kind() -> None:
     ],
 )
 def test_seed_prompt_precedence(given, gepa, run, expected) -> None:
-    assert choose_seed_prompt(given=given, gepa=gepa, run=run, task_default="task") == expected
+    assert choose_seed_prompt(given=given, gepa=gepa, run=run, scenario_default="task") == expected
 
 
 async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
@@ -260,7 +261,7 @@ async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
         )
     # what a rollout ends in (the trajectory contract), as a reward would score this episode
     trajectory = attach_outcome(episode, reward=0.0, feedback="the sum is 5", metrics={})
-    ev = scenario_eval(art.TrajectoryGroup([trajectory]), SEED)
+    ev = example_eval(art.TrajectoryGroup([trajectory]), SEED)
     (rollout,) = ev.rollouts
     assert (ev.scenario_id, ev.inputs, ev.prompt_hash) == ("sum", "2 + 3?", prompt_hash(SEED))
     assert (rollout.output, rollout.reward, rollout.feedback) == ("It is 6.", 0.0, "the sum is 5")
@@ -276,12 +277,12 @@ async def test_reflection_sees_a_whole_multi_turn_episode() -> None:
 
 
 def test_reflective_records_put_failures_first_and_keep_contrast() -> None:
-    def ev(sid: str, *rewards: float) -> ScenarioEval:
+    def ev(sid: str, *rewards: float) -> ExampleEval:
         rollouts = tuple(
             RolloutTrace(output=f"{sid}-{r}-{k}", reward=r, feedback=f"fb {r}")
             for k, r in enumerate(rewards)
         )
-        return ScenarioEval(scenario_id=sid, prompt_hash="h", inputs=f"in {sid}", rollouts=rollouts)
+        return ExampleEval(scenario_id=sid, prompt_hash="h", inputs=f"in {sid}", rollouts=rollouts)
 
     rows = reflective_records([ev("a", 1.0, 0.0), ev("b", 0.0, 0.0), ev("c", 1.0, 1.0)], limit=4)
     assert [r["Inputs"] for r in rows] == ["in a", "in b", "in b", "in a"]
@@ -324,8 +325,10 @@ def test_config_rejects_inconsistent_settings() -> None:
 # ------------------------------------------------------------------ adapter
 
 
-async def test_adapter_counts_every_rollout_and_refuses_over_budget(model, task, tmp_path) -> None:
-    scenarios = task.splits["train"][:3]
+async def test_adapter_counts_every_rollout_and_refuses_over_budget(
+    model, scenario, tmp_path
+) -> None:
+    examples = scenario.splits["train"][:3]
     store = EvalStore(5, Journal(tmp_path / "journal.jsonl"))
     adapter = ARTPromptAdapter(
         model,
@@ -336,29 +339,29 @@ async def test_adapter_counts_every_rollout_and_refuses_over_budget(model, task,
         loop=asyncio.get_running_loop(),
     )
     with pytest.raises(BudgetExceeded):
-        await adapter.aevaluate(scenarios, SEED)  # 3 scenarios x 2 rollouts > 5
+        await adapter.aevaluate(examples, SEED)  # 3 scenarios x 2 rollouts > 5
     assert store.spent == 0 and not (tmp_path / "journal.jsonl").exists()
     # gepa's synchronous protocol, from a worker thread, rollouts on this loop
-    batch = await asyncio.to_thread(adapter.evaluate, scenarios[:2], {"system_prompt": SEED}, True)
+    batch = await asyncio.to_thread(adapter.evaluate, examples[:2], {"system_prompt": SEED}, True)
     assert isinstance(batch, EvaluationBatch) and batch.num_metric_calls == 4 and store.spent == 4
-    assert [t.scenario_id for t in batch.trajectories] == [s.id for s in scenarios[:2]]
+    assert [t.scenario_id for t in batch.trajectories] == [s.id for s in examples[:2]]
     assert batch.scores == [t.score for t in batch.trajectories]
-    again = await asyncio.to_thread(adapter.evaluate, scenarios[:2], {"system_prompt": SEED})
+    again = await asyncio.to_thread(adapter.evaluate, examples[:2], {"system_prompt": SEED})
     assert again.scores == batch.scores and store.spent == 4  # seeded, so reused, not re-run
     dataset = adapter.make_reflective_dataset({"system_prompt": SEED}, batch, ["system_prompt"])
     assert set(dataset) == {"system_prompt"} and dataset["system_prompt"]
     assert EvalStore(5, Journal(tmp_path / "journal.jsonl")).spent == 4  # journaled
     with pytest.raises(RuntimeError, match="worker thread"):
-        adapter.evaluate(scenarios[:1], {"system_prompt": SEED})
+        adapter.evaluate(examples[:1], {"system_prompt": SEED})
 
 
-async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, task) -> None:
+async def test_gepa_engine_drives_our_adapter_from_a_worker_thread(model, scenario) -> None:
     """gepa.optimize itself (synchronous, in a thread) with our adapter and litellm client."""
     import gepa
 
     from art_rlvr.llm.client import LLMClient, LLMRole
 
-    train = task.splits["train"]
+    train = scenario.splits["train"]
     store = EvalStore(10_000, Journal(None))
     adapter = ARTPromptAdapter(
         model,
@@ -407,11 +410,11 @@ class LogCapture(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-async def gauntlet(model, task, tmp_path_factory):
+async def gauntlet(model, scenario, tmp_path_factory):
     """One run through everything a reflection LM can do wrong (nothing is accepted:
     min_improvement_threshold=1 makes every evaluated proposal a rejection)."""
     run_dir = tmp_path_factory.mktemp("gauntlet") / "gepa"
-    leak = minibatch_answers(task, GEPAConfig(pareto_size=3, traces_per_iteration=2), 0)[0]
+    leak = minibatch_answers(scenario, GEPAConfig(pareto_size=3, traces_per_iteration=2), 0)[0]
     steps = [
         # iteration 0: cut-off reply, leaking reply, then two 500s before a usable reply
         Step.truncated("Here is a better instruction:\n```\nReply with only the"),
@@ -442,7 +445,7 @@ async def gauntlet(model, task, tmp_path_factory):
                 max_reflection_attempts=3,
             )
             result = await optimize_prompt(
-                model, task, seed_prompt=SEED, config=cfg, run_dir=run_dir
+                model, scenario, seed_prompt=SEED, config=cfg, run_dir=run_dir
             )
             requests = server.chat_requests
     finally:
@@ -527,7 +530,7 @@ def test_history_budget_and_secrets_on_disk(gauntlet) -> None:
     assert log_lines and not any(KEY in line for line in log_lines)
 
 
-async def test_empty_fenced_reply_is_counted_as_empty(model, task, tmp_path) -> None:
+async def test_empty_fenced_reply_is_counted_as_empty(model, scenario, tmp_path) -> None:
     """summary.json counts refusals by the kind the check decided: an empty fenced instruction
     was counted as `no_fenced_prompt` when kinds were guessed from the reason's words."""
     steps = [
@@ -537,7 +540,9 @@ async def test_empty_fenced_reply_is_counted_as_empty(model, task, tmp_path) -> 
     ]
     with ScriptedServer(steps) as server:
         cfg = gepa_config(server, max_iterations=1, max_tokens=8, min_improvement_threshold=1.0)
-        result = await optimize_prompt(model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path)
+        result = await optimize_prompt(
+            model, scenario, seed_prompt=SEED, config=cfg, run_dir=tmp_path
+        )
     assert result.summary()["rejected"] == {"empty": 1, "no_fenced_prompt": 1, "no_improvement": 1}
     assert [e.rejection for e in result.history] == [
         RejectionKind.EMPTY,
@@ -549,7 +554,7 @@ async def test_empty_fenced_reply_is_counted_as_empty(model, task, tmp_path) -> 
 
 
 async def test_better_prompt_is_found_accepted_and_beats_the_seed_on_val(
-    model, task, tmp_path
+    model, scenario, tmp_path
 ) -> None:
     """A genuinely better instruction (measured: greedy val@20 0.30 vs 0.15 for the seed) is
     accepted on the minibatch, leads the Pareto set, and is reported better on val."""
@@ -563,7 +568,9 @@ async def test_better_prompt_is_found_accepted_and_beats_the_seed_on_val(
             max_iterations=1,
             report_val_limit=20,
         )
-        result = await optimize_prompt(model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path)
+        result = await optimize_prompt(
+            model, scenario, seed_prompt=SEED, config=cfg, run_dir=tmp_path
+        )
     (win,) = result.history
     assert win.accepted and win.parents == (0,) and win.score_after > win.score_before
     assert result.best_prompt == GOOD and result.best_index == 1 and win.candidate == 1
@@ -587,7 +594,7 @@ BUDGET_MATRIX = [
 ]
 
 
-async def test_budget_is_never_exceeded(model, task, tmp_path) -> None:
+async def test_budget_is_never_exceeded(model, scenario, tmp_path) -> None:
     prompts = [f"Reply with only the final number. Variant {chr(65 + k)}." for k in range(20)]
     for n, (budget, pareto, m, k, merge) in enumerate(BUDGET_MATRIX):
         with ScriptedServer([fenced(p) for p in prompts]) as server:
@@ -602,7 +609,7 @@ async def test_budget_is_never_exceeded(model, task, tmp_path) -> None:
                 seed=n,
             )
             result = await optimize_prompt(
-                model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path / str(n)
+                model, scenario, seed_prompt=SEED, config=cfg, run_dir=tmp_path / str(n)
             )
         used = result.metric_calls_used
         print(
@@ -616,7 +623,7 @@ async def test_budget_is_never_exceeded(model, task, tmp_path) -> None:
 
 
 @pytest.mark.slow  # ~45 s; the measured run in the README covers it too
-async def test_embedded_model_reflects_on_itself(model, task, tmp_path, caplog) -> None:
+async def test_embedded_model_reflects_on_itself(model, scenario, tmp_path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="art_rlvr")
     cfg = GEPAConfig(
         max_metric_calls=40,
@@ -628,7 +635,7 @@ async def test_embedded_model_reflects_on_itself(model, task, tmp_path, caplog) 
         reflection={"max_tokens": 64},
         report_val_limit=0,
     )
-    result = await optimize_prompt(model, task, seed_prompt=SEED, config=cfg, run_dir=tmp_path)
+    result = await optimize_prompt(model, scenario, seed_prompt=SEED, config=cfg, run_dir=tmp_path)
     assert result.reflector == f"embedded:openai/{model.get_inference_name()}"
     assert "weak but real" in caplog.text
     assert result.reflection["calls"] >= 1 and result.metric_calls_used <= 40
@@ -656,7 +663,7 @@ def comparable(result: GEPAResult) -> dict[str, Any]:
 
 
 @pytest.mark.slow  # ~70 s (two subprocesses and a reference run)
-async def test_killed_run_resumes_to_the_uninterrupted_result(model, task, tmp_path) -> None:
+async def test_killed_run_resumes_to_the_uninterrupted_result(model, scenario, tmp_path) -> None:
     run_dir, out = tmp_path / "killed", tmp_path / "result.json"
     journal = run_dir / "gepa" / "journal.jsonl"
     with ScriptedServer(RESUME_STEPS, default=fenced(GOOD), replay_identical=True) as server:
@@ -685,7 +692,7 @@ async def test_killed_run_resumes_to_the_uninterrupted_result(model, task, tmp_p
     with ScriptedServer(RESUME_STEPS, default=fenced(GOOD), replay_identical=True) as server:
         reference = await optimize_prompt(
             model,
-            task,
+            scenario,
             seed_prompt=SEED,
             config=resume_config(server),
             run_dir=tmp_path / "reference",

@@ -17,12 +17,13 @@ from art_rlvr.core.transcript import (
     split_turns,
 )
 from art_rlvr.gepa import GEPAConfig, optimize_prompt
-from art_rlvr.gepa.adapter import ARTPromptAdapter, scenario_eval
-from art_rlvr.gepa.data import RolloutTrace, ScenarioEval
+from art_rlvr.gepa.adapter import ARTPromptAdapter, example_eval
+from art_rlvr.gepa.data import ExampleEval, RolloutTrace
 from art_rlvr.gepa.reflection import reflective_records
 from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.rollouts import SamplingConfig, rollout
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.rollouts.rollout import rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.testing import ScriptedServer, Step
 
 KEY = "sk-gepa-episodes-0917"
@@ -32,7 +33,7 @@ BETTER = "You are a careful calculator. Reply with only the final number."
 
 @pytest.fixture(scope="module")
 def retry_task():
-    return load_task("arith_retry", seed=0)
+    return load_scenario("arith_retry", seed=0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,10 +53,10 @@ def scripted_policy(server: ScriptedServer) -> art.Model:
     )
 
 
-async def scripted_episode(scenario, replies: list[str]) -> art.Trajectory:
+async def scripted_episode(example, replies: list[str]) -> art.Trajectory:
     """One `arith_retry` rollout in which the policy says `replies`, turn by turn."""
     with ScriptedServer([Step.reply(r) for r in replies]) as server:
-        return await rollout(scripted_policy(server), scenario, system_prompt=SEED)
+        return await rollout(scripted_policy(server), example, system_prompt=SEED)
 
 
 def test_single_turn_rows_keep_their_form() -> None:
@@ -69,7 +70,7 @@ def test_single_turn_rows_keep_their_form() -> None:
             episode=({"role": "assistant", "content": "y" * 500},),
         ),
     )
-    ev = ScenarioEval(scenario_id="s", prompt_hash="h", inputs="q", rollouts=rollouts)
+    ev = ExampleEval(scenario_id="s", prompt_hash="h", inputs="q", rollouts=rollouts)
     rows = reflective_records([ev], limit=4, max_chars=200)
     assert rows == reflective_records([ev], limit=4)
     assert [r["Generated Outputs"] for r in rows] == ["x" * 500, "y" * 500]
@@ -82,10 +83,10 @@ async def test_reflection_rows_show_every_turn_of_an_arith_retry_episode(retry_t
     """Two wrong tries then the right one, through the real environment: the row shows each
     try and the environment's reply to it, and the reward's feedback; under a tight budget the
     first try goes (with a marker) and the failing second and the last stay."""
-    scenario = retry_task.splits["train"][0]
-    answer = int(scenario.x["answer"])
-    trajectory = await scripted_episode(scenario, [str(answer + 1), str(answer + 2), str(answer)])
-    ev = scenario_eval(art.TrajectoryGroup([trajectory]), SEED)
+    example = retry_task.splits["train"][0]
+    answer = int(example.x["answer"])
+    trajectory = await scripted_episode(example, [str(answer + 1), str(answer + 2), str(answer)])
+    ev = example_eval(art.TrajectoryGroup([trajectory]), SEED)
     (rollout_trace,) = ev.rollouts
     assert [m["role"] for m in rollout_trace.episode] == ["assistant", "user"] * 2 + ["assistant"]
     (row,) = reflective_records([ev], limit=4, max_chars=1500)
@@ -100,14 +101,14 @@ async def test_reflection_rows_show_every_turn_of_an_arith_retry_episode(retry_t
         f"[assistant] {answer}",
     ]
     assert row["Feedback"] == "reward 0.25: solved on try 3 of 3"
-    assert row["Inputs"] == scenario.messages(SEED)[-1]["content"]
+    assert row["Inputs"] == example.messages(SEED)[-1]["content"]
     tight = episode_text(rollout_trace.episode, len(shown) - 10)
     assert tight.startswith("[… 1 turn omitted …]\n[assistant] ")
     assert tight.endswith(f"[assistant] {answer}") and f"{answer + 2} is not right" in tight
 
 
 @pytest.fixture(scope="module")
-async def model_evals(model, retry_task) -> list[ScenarioEval]:
+async def model_evals(model, retry_task) -> list[ExampleEval]:
     """Real episodes of the embedded model through the environment (seeded)."""
     store = EvalStore(100, Journal(None))
     adapter = ARTPromptAdapter(

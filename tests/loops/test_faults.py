@@ -23,11 +23,12 @@ from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState
 from art_rlvr.loops.runner import run_phases
 from art_rlvr.loops.schedule import ScheduleState
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout
+from art_rlvr.rollouts.rollout import gather_groups, rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
 from art_rlvr.rundir.reader import read_run_folder
-from art_rlvr.scenarios.scenario import Scenario
+from art_rlvr.scenarios.scenario import Example
 from art_rlvr.testing import ScriptedServer, Step
 
 EI_STATE = '{"version": 1, "fingerprint": "0123abcd", "round": 2}'
@@ -50,13 +51,13 @@ EI_STATE = '{"version": 1, "fingerprint": "0123abcd", "round": 2}'
     ],
 )
 async def test_bad_state_files_are_clear_errors_before_any_work(
-    backend, model, task, tmp_path: Path, mode: str, name: str, content: str, message: str
+    backend, model, scenario, tmp_path: Path, mode: str, name: str, content: str, message: str
 ) -> None:
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content)
     cfg = parse_args([f"mode={mode}", f"run_dir={tmp_path}", "max_tokens=4", "val_limit=2"])
-    ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
+    ctx = RunContext(cfg, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
     with pytest.raises(StateFileError, match=message.replace("(", r"\(")) as caught:
         await run_phases(ctx)
     assert str(tmp_path) in str(caught.value)
@@ -100,21 +101,21 @@ def test_metrics_after_a_torn_line_stay_readable(tmp_path: Path) -> None:
 # ---- a prompt longer than the context ------------------------------------------------------
 
 
-def long_scenario(task, words: int) -> Scenario:
+def long_scenario(scenario, words: int) -> Example:
     """A train scenario whose rendered prompt is far past the 2048-token context."""
-    base = task.splits["train"][0]
+    base = scenario.splits["train"][0]
     record = {**base.x, "a": f"{base.x['a']} (ignore this filler)" + " filler" * words}
-    return Scenario(id="too-long", x=record, task=base.task, split="train")
+    return Example(id="too-long", x=record, scenario=base.scenario, split="train")
 
 
-async def test_a_prompt_past_the_context_is_a_clear_400_not_a_crash(model, task) -> None:
-    scenario = long_scenario(task, 2000)
+async def test_a_prompt_past_the_context_is_a_clear_400_not_a_crash(model, scenario) -> None:
+    example = long_scenario(scenario, 2000)
     with pytest.raises(openai.BadRequestError, match="context length") as caught:
-        await rollout(model, scenario, sampling=SamplingConfig(max_tokens=4))
+        await rollout(model, example, sampling=SamplingConfig(max_tokens=4))
     assert caught.value.status_code == 400
     # the server is fine afterwards
-    ok = await rollout(model, task.splits["train"][1], sampling=SamplingConfig(max_tokens=4))
-    assert ok.metadata["scenario_id"] == task.splits["train"][1].id
+    ok = await rollout(model, scenario.splits["train"][1], sampling=SamplingConfig(max_tokens=4))
+    assert ok.metadata["scenario_id"] == scenario.splits["train"][1].id
     async with httpx.AsyncClient(base_url=model.inference_base_url) as client:
         assert (await client.get("/models", headers=auth(model))).status_code == 200
 
@@ -124,18 +125,18 @@ def auth(model) -> dict[str, str]:
 
 
 async def test_failed_rollouts_degrade_the_step_per_max_exceptions(
-    backend, make_model, task
+    backend, make_model, scenario
 ) -> None:
     """One group of three fails (its prompt is too long): with max_exceptions=0 the gather
     raises; with 0.5 the step trains on the two groups that completed (their rewards are
     spread by hand so that both carry signal whatever the model sampled)."""
     model = await make_model("faults")
-    scenarios = [long_scenario(task, 2000), *task.splits["train"][:2]]
+    examples = [long_scenario(scenario, 2000), *scenario.splits["train"][:2]]
     sampling = SamplingConfig(max_tokens=6, temperature=1.0)
     with pytest.raises(openai.BadRequestError):
-        await gather_groups(model, scenarios, 3, sampling=sampling, seed=1, max_exceptions=0)
-    groups = await gather_groups(model, scenarios, 3, sampling=sampling, seed=1, max_exceptions=0.5)
-    assert [g.metadata["scenario_id"] for g in groups] == [s.id for s in scenarios[1:]]
+        await gather_groups(model, examples, 3, sampling=sampling, seed=1, max_exceptions=0)
+    groups = await gather_groups(model, examples, 3, sampling=sampling, seed=1, max_exceptions=0.5)
+    assert [g.metadata["scenario_id"] for g in groups] == [s.id for s in examples[1:]]
     for group in groups:
         for i, trajectory in enumerate(group.trajectories):
             trajectory.reward = float(i % 2)
@@ -159,20 +160,20 @@ async def test_failed_rollouts_degrade_the_step_per_max_exceptions(
     ],
 )
 async def test_policy_output_nothing_cut_off_or_garbage_scores_without_raising(
-    task, step: Step, reward: float, truncated: float, feedback: str
+    scenario, step: Step, reward: float, truncated: float, feedback: str
 ) -> None:
     """A policy endpoint (scripted, on loopback) that emits nothing, hits max_tokens with
     no stop, or emits bytes no parser expects: the rollout scores it, marks it, and the
     group it belongs to still forms."""
-    scenario = task.splits["train"][0]
+    example = scenario.splits["train"][0]
     if step.text == "{answer}":
-        step = Step.reply(str(scenario.x["answer"]))
+        step = Step.reply(str(example.x["answer"]))
     with ScriptedServer([], default=step) as server:
         policy = art.Model(
             name="scripted-policy", project="t", inference_base_url=server.base_url,
             inference_api_key="k", inference_model_name="scripted",
         )  # fmt: skip
-        groups = await gather_groups(policy, [scenario], 2, max_exceptions=0)
+        groups = await gather_groups(policy, [example], 2, max_exceptions=0)
     trajectories = groups[0].trajectories
     assert [t.reward for t in trajectories] == [reward, reward]
     assert {t.metrics["truncated"] for t in trajectories} == {truncated}
@@ -184,7 +185,7 @@ async def test_policy_output_nothing_cut_off_or_garbage_scores_without_raising(
 
 @pytest.mark.parametrize("metrics_saved", [False, True])
 async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
-    backend, make_model, task, tmp_path: Path, metrics_saved: bool
+    backend, make_model, scenario, tmp_path: Path, metrics_saved: bool
 ) -> None:
     """The state a kill leaves in that window (the checkpoint of step 1 is on disk; the batch
     is saved as pending; no metrics line, no trajectory file): the resumed run books step 1
@@ -195,7 +196,7 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     words = ["mode=rl", f"run_dir={tmp_path}", "n_batches=1", "eval_every=1", "val_limit=2",
              "groups_per_batch=2", "group_size=2", "max_tokens=4", "eval_test=false"]  # fmt: skip
     files = RunFiles(tmp_path)
-    ctx = RunContext(parse_args(words), task, backend, model, files, time.monotonic())
+    ctx = RunContext(parse_args(words), scenario, backend, model, files, time.monotonic())
     first = await run_phases(ctx)
     state = json.loads((tmp_path / "state.json").read_text())
     train = next(r for r in files.metrics() if r["event"] == "train")
@@ -214,7 +215,7 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     (tmp_path / "state.json").write_text(json.dumps(state))
 
     files = RunFiles(tmp_path)  # the restarted process reads the rewound folder afresh
-    again = await run_phases(RunContext(parse_args(words), task, backend, model, files, 0.0))
+    again = await run_phases(RunContext(parse_args(words), scenario, backend, model, files, 0.0))
     booked = [r for r in files.metrics() if r["event"] == "train"]
     assert [(r["step"], r.get("recovered_after_kill")) for r in booked] == [
         (1, None if metrics_saved else 1.0)
@@ -247,14 +248,14 @@ async def test_a_step_trained_just_before_a_kill_is_booked_once_on_resume(
     ],
 )
 async def test_an_evaluation_where_every_rollout_errored_fails_with_its_cause(
-    task, steps: list[Step], failed: bool
+    scenario, steps: list[Step], failed: bool
 ) -> None:
     """An evaluation is an error with the first rollout's cause when every rollout errored,
     never accuracy 0.0; when only some errored, their rate and first cause come with the
     accuracy."""
-    scenarios = task.splits["val"][:3]
+    examples = scenario.splits["val"][:3]
     script = [
-        Step.reply(str(scenarios[0].x["answer"])) if s.text == "{answer}" else s for s in steps
+        Step.reply(str(examples[0].x["answer"])) if s.text == "{answer}" else s for s in steps
     ]
     with ScriptedServer(script, default=Step.error(400, text="no chat template")) as server:
         policy = art.Model(
@@ -263,9 +264,9 @@ async def test_an_evaluation_where_every_rollout_errored_fails_with_its_cause(
         )  # fmt: skip
         if failed:
             with pytest.raises(RolloutsFailed, match=r"all 3 val rollouts failed.*BadRequestError"):
-                await evaluate(policy, scenarios)
+                await evaluate(policy, examples)
             return
-        report = await evaluate(policy, scenarios)
+        report = await evaluate(policy, examples)
     assert report.errors == 2 and report.first_error and "BadRequestError" in report.first_error
     assert "2 errored (67%" in report.line()
 

@@ -18,7 +18,7 @@ from art_rlvr.loops.schedule import resumed_state
 from art_rlvr.run import override_line, start_line, summary_lines
 from art_rlvr.rundir.events import RunSummary
 from art_rlvr.rundir.files import RunFiles, StateFileError
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 
 
 @pytest.mark.parametrize(
@@ -110,14 +110,14 @@ def test_config_json_shows_the_preset_and_the_phase_overrides() -> None:
 
 def test_start_line_names_the_phases(tmp_path: Path) -> None:
     cfg = parse_args(["mode=rl", "enable_expert_iteration=true", "rounds=1"])
-    line = start_line(cfg, load_task("arith", seed=0), RunFiles(tmp_path))
+    line = start_line(cfg, load_scenario("arith", seed=0), RunFiles(tmp_path))
     assert "+ expert iteration | phases=rl:8,ei |" in line
 
 
 def test_a_resume_with_another_list_of_phases_is_refused(tmp_path: Path) -> None:
     cfg = parse_args(["phases=rl:1,ei", f"run_dir={tmp_path}"])
     files = RunFiles(tmp_path)
-    ctx = RunContext(cfg, load_task("arith", seed=0), None, None, files, 0.0)  # type: ignore[arg-type]
+    ctx = RunContext(cfg, load_scenario("arith", seed=0), None, None, files, 0.0)  # type: ignore[arg-type]
     state = resumed_state(ctx, cfg.plan)
     assert state.plan == "rl:1,ei" and state.phase == 0
     files.write_state("state.json", state.model_copy(update={"phase": 1}))
@@ -144,7 +144,7 @@ def test_a_resume_with_another_list_of_phases_is_refused(tmp_path: Path) -> None
 def test_the_end_screen_names_the_phases_and_offers_export_only_after_training(
     tmp_path: Path, mode: str, phases: list[str] | None, shown: str | None, trained: bool
 ) -> None:
-    summary = RunSummary(mode=mode, phases=phases, scenario="arith", seed=0)
+    summary = RunSummary(mode=mode, phases=phases, example="arith", seed=0)
     lines = summary_lines(summary, tmp_path)
     assert [line.split(maxsplit=1)[1] for line in lines if line.startswith("phases ")] == (
         [shown] if shown else []

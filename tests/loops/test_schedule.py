@@ -90,14 +90,14 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
-    backend, make_model, task, tmp_path, monkeypatch
+    backend, make_model, scenario, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("SCHEDULE_KEY", KEY)
     with ScriptedServer([], default=fenced(GOOD)) as server:
         cfg = parse_args(schedule_args(server, tmp_path, "skip_first_gepa=true"))
         model = await make_model("sched")
         files = RunFiles(tmp_path)
-        ctx = RunContext(cfg, task, backend, model, files, time.monotonic())
+        ctx = RunContext(cfg, scenario, backend, model, files, time.monotonic())
         summary = await run_schedule(ctx, cfg.plan)
     assert summary["phases"] == ["rl_r0", "gepa_r1", "rl_r1"]
     assert [c["after"] for c in summary["curve"]] == ["start", "rl_r0", "gepa_r1", "rl_r1"]
@@ -138,7 +138,7 @@ def phases_args(server: ScriptedServer, run_dir: Path, phases: str, *extra: str)
 
 
 async def test_a_phases_run_hands_the_prompt_gepa_chose_to_rl_ei_and_eval(
-    backend, make_model, task, tmp_path, monkeypatch
+    backend, make_model, scenario, tmp_path, monkeypatch
 ) -> None:
     """`phases=gepa,rl:1,ei,eval` on the embedded model, reflection LM and teacher scripted on
     loopback: the phases run in order, RL and EI sample under the prompt GEPA adopted, the EI
@@ -147,7 +147,7 @@ async def test_a_phases_run_hands_the_prompt_gepa_chose_to_rl_ei_and_eval(
     with ScriptedServer([], default=fenced(GOOD)) as server:
         cfg = parse_args(phases_args(server, tmp_path, "gepa,rl:1,ei,eval"))
         model = await make_model("phases")
-        ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
+        ctx = RunContext(cfg, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
         summary = await run_phases(ctx)
         models = [r.body["model"] for r in server.chat_requests if r.body]
     assert cfg.mode == "phases" and cfg.public_dump()["phases"] == "gepa,rl:1,ei,eval"

@@ -22,7 +22,7 @@ ROLLOUTS_UNDER_WEAVE = """
 import asyncio, json
 import art
 from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.rollouts import rollout
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.scenarios.scenario import load_task
 from art_rlvr.testing import ScriptedServer, Step

@@ -26,12 +26,12 @@ from test_report import PNG_MAGIC, Dom, browse, dump_dom  # the page's parser, C
 
 from art_rlvr.loops.context import group_metrics
 from art_rlvr.report.__main__ import main
-from art_rlvr.rollouts import rollout
+from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import EvalEvent, TrainEvent
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.rundir.stored import StoredTrajectory, read_groups
-from art_rlvr.scenarios.scenario import Scenario, load_task
+from art_rlvr.scenarios.scenario import Example, load_scenario
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -133,7 +133,7 @@ def test_real_calc_report_in_chromium(real_run: Path, tmp_path: Path) -> None:
 # ------------------------------------------------------------------ scripted episodes
 
 
-async def episode(scenario: Scenario, script: list[Step]) -> art.Trajectory:
+async def episode(scenario: Example, script: list[Step]) -> art.Trajectory:
     with ScriptedServer(script) as server:
         return await rollout(
             scripted_model(server), scenario, sampling=SamplingConfig(temperature=0)
@@ -146,9 +146,9 @@ def product(x: dict[str, Any]) -> str:
 
 async def scripted_groups() -> dict[str, list[art.TrajectoryGroup]]:
     """Real rollouts of three environments, scripted turn by turn."""
-    calc = load_task("calc").splits["val"][:2]
-    retry = load_task("arith_retry").splits["val"][0]
-    game = load_task("tictactoe").splits["val"][0]
+    calc = load_scenario("calc").splits["val"][:2]
+    retry = load_scenario("arith_retry").splits["val"][0]
+    game = load_scenario("tictactoe").splits["val"][0]
     x0, x1 = calc[0].x, calc[1].x
     solved = await episode(
         calc[0], [Step.calls(("multiply", product(x0))), Step.reply(str(x0["answer"]))]
@@ -200,7 +200,7 @@ async def test_group_metrics_carry_the_episode_means(scripted_run: Path) -> None
     assert "illegal_actions_per_episode" not in first  # no environment counts them in calc
     assert second["illegal_actions_per_episode"] == 3.0  # the game's three; retry reports none
     # a single-turn batch adds nothing: its records stay as they were
-    arith = load_task("arith").splits["val"][0]
+    arith = load_scenario("arith").splits["val"][0]
     one = await episode(arith, [Step.reply(str(arith.x["answer"]))])
     single = group_metrics([art.TrajectoryGroup([one])])
     assert not [k for k in single if k.endswith("_per_episode")]

@@ -8,7 +8,7 @@ import time
 import pytest
 from math_verify import parse, verify
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.scenarios.rewards.math import MathReward, gold_text, verifier_pool
 
 REWARD = MathReward(timeout_s=5.0)
@@ -137,7 +137,7 @@ async def test_same_input_same_score() -> None:
 
 
 async def test_shipped_math_sample_solutions_score_one() -> None:
-    task = load_task("math", seed=0)
+    task = load_scenario("math", seed=0)
     scenarios = [sc for split in task.splits.values() for sc in split]
     assert len(scenarios) == 22 and {sc.x["type"] for sc in scenarios} >= {
         "fraction",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from art_rlvr import load_task
+from art_rlvr import load_scenario
 from art_rlvr.scenarios.rewards.qa import QAReward, extract_answer, normalize_answer, token_f1
 
 REWARD = QAReward()
@@ -84,7 +84,7 @@ def test_non_string_completion_scores_zero() -> None:
 
 
 async def test_shipped_qa_sample_is_answerable_from_its_context() -> None:
-    task = load_task("qa", seed=0)
+    task = load_scenario("qa", seed=0)
     scenarios = [sc for split in task.splits.values() for sc in split]
     assert len(scenarios) == 20 and len({sc.id for sc in scenarios}) == 20
     extractive = 0

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from art_rlvr.core.outcome import feedback_of
 from art_rlvr.core.types import Episode, Messages, Reply, Score
-from art_rlvr.rollouts import run_episode
+from art_rlvr.rollouts.loop import run_episode
 from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.rollouts.tools import as_tools, call_tool, tool
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
@@ -713,7 +713,7 @@ def test_tool_choice_and_overrides() -> None:
 EPISODE_UNDER_WEAVE = """
 import asyncio, sys
 from art_rlvr.core.types import Episode
-from art_rlvr.rollouts import run_episode
+from art_rlvr.rollouts.loop import run_episode
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.testing import ScriptedServer, Step, scripted_model
 from art_rlvr.testing.trace_server import RecordingTraceServer

@@ -21,17 +21,12 @@ from art_rlvr.core.outcome import turns
 from art_rlvr.ei.hints import hinted_system
 from art_rlvr.eval.evaluate import evaluate
 from art_rlvr.eval.journal import JournalRow
-from art_rlvr.rollouts import (
-    RolloutContext,
-    SamplingConfig,
-    gather_groups,
-    rollout,
-    rollout_failure,
-    trainable,
-)
+from art_rlvr.rollouts.functions import RolloutContext, rollout_failure, trainable
+from art_rlvr.rollouts.rollout import gather_groups, rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.rundir.stored import read_trajectories, stored_trajectory
-from art_rlvr.scenarios.scenario import load_task, rollout_task
+from art_rlvr.scenarios.scenario import load_scenario, rollout_scenario
 from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
@@ -93,7 +88,7 @@ def test_a_bad_function_is_a_load_time_error_at_its_line(
 ) -> None:
     path = scenario_file(tmp_path, function)
     with pytest.raises(ScenarioFileError) as error:
-        load_task(str(path))
+        load_scenario(str(path))
     assert f"{path}:11:" in str(error.value)  # the `function = ...` line
     assert message in str(error.value)
 
@@ -110,14 +105,14 @@ def test_a_rollout_scenario_that_also_renders_or_scores_is_refused(
 ) -> None:
     path = scenario_file(tmp_path, case("always_right"), extra=extra)
     with pytest.raises(ScenarioFileError, match=rf"mine\.toml:{line}: '{key}' cannot be used"):
-        load_task(str(path))
+        load_scenario(str(path))
 
 
 def test_a_module_beside_the_scenario_file_is_found(tmp_path: Path) -> None:
     (tmp_path / "agent_beside_xyz.py").write_text(
         "import art\n\nasync def rollout(model, record):\n    return art.Trajectory(reward=1.0)\n"
     )
-    task = load_task(str(scenario_file(tmp_path, "agent_beside_xyz:rollout")))
+    task = load_scenario(str(scenario_file(tmp_path, "agent_beside_xyz:rollout")))
     assert task.rollout_fn is not None and not task.rollout_fn.takes_context
     assert [len(task.splits[s]) for s in ("train", "val", "test")] == [6, 3, 2]
     assert task.splits["val"][0].messages() == [
@@ -146,7 +141,7 @@ FAULTS = [
 async def test_a_failing_function_scores_zero_with_its_reason(
     tmp_path: Path, name: str, reason: str
 ) -> None:
-    task = load_task(str(scenario_file(tmp_path, case(name), timeout_s=0.5)))
+    task = load_scenario(str(scenario_file(tmp_path, case(name), timeout_s=0.5)))
     scenario = task.splits["val"][0]
     t = await rollout(offline_model(), scenario)
     assert t.reward == 0.0 and t.metrics["rollout_error"] == 1.0 and t.metrics["correct"] == 0.0
@@ -174,7 +169,7 @@ async def test_any_finite_reward_is_kept_and_correct_follows_the_declared_rule(
     within a group); correct is the function's `correct` metric, else the scenario's
     `correct_threshold`, and evaluation and the run files state that rule."""
     path = scenario_file(tmp_path, case(name), rollout=rollout_lines)
-    task = load_task(str(path))
+    task = load_scenario(str(path))
     t = await rollout(offline_model(), task.splits["val"][0])
     assert t.reward == reward and t.metrics["rollout_error"] == 0.0
     assert t.metrics["correct"] == float(correct)
@@ -186,7 +181,7 @@ async def test_any_finite_reward_is_kept_and_correct_follows_the_declared_rule(
 
 
 async def test_every_rollout_failing_is_an_error_not_a_zero(tmp_path: Path) -> None:
-    task = load_task(str(scenario_file(tmp_path, case("raises"))))
+    task = load_scenario(str(scenario_file(tmp_path, case("raises"))))
     with pytest.raises(RolloutsFailed, match=r"all 6 batch 0 rollouts failed.*agent crashed"):
         await gather_groups(offline_model(), task.splits["train"][:3], 2, description="batch 0")
     with pytest.raises(RolloutsFailed, match=r"all 3 val rollouts failed.*agent crashed"):
@@ -199,7 +194,7 @@ async def test_python_api_runs_a_callable_and_counts_failures() -> None:
             raise ValueError("odd")
         return art.Trajectory(reward=1.0)
 
-    task = rollout_task(half_right, source=SOURCE, name="half")
+    task = rollout_scenario(half_right, source=SOURCE, name="half")
     scenarios = task.splits["train"]
     groups = await gather_groups(offline_model(), scenarios, 2, seed=0)
     rewards = [t.reward for g in groups for t in g.trajectories]
@@ -228,7 +223,7 @@ def test_a_function_without_context_runs_gepa_and_ei_from_a_system_prompt(
     from art_rlvr.gepa.start import start_problem as gepa_problem
 
     path = scenario_file(tmp_path, case("always_right"), system_prompt=system_prompt)
-    two = load_task(str(path))
+    two = load_scenario(str(path))
     seed = two.default_system_prompt
     gepa, ei = gepa_problem(GEPAConfig(pareto_size=2), two, seed), ei_problem(EIConfig(), two)
     if system_prompt is not None:
@@ -238,7 +233,7 @@ def test_a_function_without_context_runs_gepa_and_ei_from_a_system_prompt(
         assert ei and "the scenario has no system_prompt" in ei
         assert ei_problem(EIConfig(), two, "A prompt of the run's.") is None
         assert gepa_problem(GEPAConfig(pareto_size=2), two, "A prompt of the run's.") is None
-    three = load_task(str(scenario_file(tmp_path, case("answer"), system_prompt=system_prompt)))
+    three = load_scenario(str(scenario_file(tmp_path, case("answer"), system_prompt=system_prompt)))
     assert gepa_problem(GEPAConfig(pareto_size=2), three, seed) is None
     assert ei_problem(EIConfig(), three) is None
 
@@ -259,7 +254,7 @@ async def test_a_system_prompt_reaches_a_function_without_context_through_its_cl
 ) -> None:
     """The run's system prompt (GEPA's candidate) reaches an unchanged (model, record) function's
     request, as the server received it; the trajectory records what was sent."""
-    task = load_task(str(scenario_file(tmp_path, case(function))))
+    task = load_scenario(str(scenario_file(tmp_path, case(function))))
     sc = task.splits["val"][0]
     with ScriptedServer([], default=Step.reply("7")) as server:
         t = await rollout(scripted_policy(server), sc, system_prompt="Evolved prompt.")
@@ -277,7 +272,7 @@ async def test_a_system_prompt_reaches_a_function_without_context_through_its_cl
 async def test_a_function_with_a_client_of_its_own_is_told_the_prompt_missed_it(
     tmp_path: Path,
 ) -> None:
-    task = load_task(str(scenario_file(tmp_path, case("own_client"))))
+    task = load_scenario(str(scenario_file(tmp_path, case("own_client"))))
     with ScriptedServer([], default=Step.reply("7")) as server:
         t = await rollout(scripted_policy(server), task.splits["val"][0])
         (request,) = server.chat_requests
@@ -288,7 +283,7 @@ async def test_a_function_with_a_client_of_its_own_is_told_the_prompt_missed_it(
 
 
 async def test_a_third_parameter_of_its_own_is_left_to_it(tmp_path: Path) -> None:
-    task = load_task(str(scenario_file(tmp_path, case("own_flag"))))
+    task = load_scenario(str(scenario_file(tmp_path, case("own_flag"))))
     assert task.rollout_fn is not None and not task.rollout_fn.takes_context
     t = await rollout(offline_model(), task.splits["val"][0])
     assert t.reward == 1.0 and t.metrics["rollout_error"] == 0.0  # verbose kept its default
@@ -305,7 +300,7 @@ def test_the_helpers_beside_a_rollout_file_import(tmp_path: Path) -> None:
         "async def rollout(model, record):\n"
         "    return art.Trajectory(reward=float(WINNING_VALUE == 2048))\n"
     )
-    task = load_task(str(scenario_file(folder, "rollout.py:rollout")))
+    task = load_scenario(str(scenario_file(folder, "rollout.py:rollout")))
     assert task.rollout_fn is not None and task.rollout_fn.fn.__module__ == "rollout"
 
 
@@ -316,7 +311,7 @@ async def test_the_context_carries_prompt_sampling_and_seed(tmp_path: Path) -> N
         seen.append(context)
         return art.Trajectory(reward=0.5)
 
-    task = rollout_task(spy, source=SOURCE, system_prompt="default prompt")
+    task = rollout_scenario(spy, source=SOURCE, system_prompt="default prompt")
     sc = task.splits["val"][0]
     sampling = SamplingConfig(max_tokens=7, temperature=0.3, seed=11)
     t = await rollout(offline_model(), sc, system_prompt="evolved", sampling=sampling, step=2)
@@ -336,7 +331,7 @@ def test_cli_eval_of_a_rollout_function_reports_pass_at_k(tmp_path: Path) -> Non
     from art_rlvr.eval.evaluate import pass_all_k, pass_at_k
 
     path = scenario_file(tmp_path, case("answer"))
-    val = load_task(str(path)).splits["val"]
+    val = load_scenario(str(path)).splits["val"]
     every_answer = " ".join(str(s.x["answer"]) for s in val)  # right for any item
     script = [Step.reply(every_answer), Step.reply("no idea")] * len(val)
     args = [
@@ -377,7 +372,7 @@ def test_cli_eval_of_rewards_of_five_and_minus_hundred_states_its_correct_rule(
     from clirun import base_env, cli
 
     path = scenario_file(tmp_path, case("five_or_minus_hundred"), rollout="correct_threshold = 5\n")
-    val = load_task(str(path)).splits["val"]
+    val = load_scenario(str(path)).splits["val"]
     script = [Step.reply(str(s.x["answer"])) if i == 0 else Step.reply("no idea")
               for i, s in enumerate(val)]  # fmt: skip
     args = [
@@ -418,7 +413,7 @@ async def test_a_function_on_the_embedded_model_trains_one_step(tmp_path: Path, 
     for name in ("answer", "captured"):
         path = tmp_path / name
         path.mkdir()
-        task = load_task(str(scenario_file(path, case(name), timeout_s=300)))
+        task = load_scenario(str(scenario_file(path, case(name), timeout_s=300)))
         groups = await gather_groups(
             model, task.splits["train"][:2], 2, sampling=SamplingConfig(max_tokens=6), seed=0
         )
@@ -467,7 +462,7 @@ async def test_art_style_rewards_of_minus_one_to_one_train_one_rl_step_and_evalu
     from art_rlvr.rundir.files import RunFiles
 
     path = scenario_file(tmp_path, case("game_like"), system_prompt=None, timeout_s=300)
-    task = load_task(str(path))
+    task = load_scenario(str(path))
     run = tmp_path / "run"
     cfg = parse_args(
         [f"scenario={path}", "mode=rl", "n_batches=1", "groups_per_batch=3", "group_size=4",
@@ -576,7 +571,7 @@ async def test_gepa_evolves_the_prompt_a_rollout_function_receives(tmp_path: Pat
     candidate reaches the function as `context.system_prompt`, and the better one wins."""
     from art_rlvr.gepa.optimizer import optimize_prompt
 
-    task = load_task(str(scenario_file(tmp_path, case("prompt_judged"))))
+    task = load_scenario(str(scenario_file(tmp_path, case("prompt_judged"))))
     better = "Check twice, then reply with only the number."
     reply = Step.reply(f"Here is the improved instruction:\n```\n{better}\n```")
     with pytest.MonkeyPatch.context() as patch, ScriptedServer([], default=reply) as server:
@@ -602,7 +597,7 @@ async def test_gepa_on_an_unchanged_two_parameter_rollout_reaches_the_server(
     episodes as they ran."""
     from art_rlvr.gepa.optimizer import optimize_prompt
 
-    task = load_task(str(scenario_file(tmp_path, case("game_like"), timeout_s=300)))
+    task = load_scenario(str(scenario_file(tmp_path, case("game_like"), timeout_s=300)))
     model = await make_model("rf-gepa")
     better = "Add the two numbers and reply with the sum only."
     reply = Step.reply(f"Improved:\n```\n{better}\n```")
@@ -727,7 +722,7 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     from art_rlvr.loops.ei import run_ei
     from art_rlvr.rundir.files import RunFiles
 
-    task = load_task(str(scenario_file(tmp_path, case("answer"), timeout_s=300)))
+    task = load_scenario(str(scenario_file(tmp_path, case("answer"), timeout_s=300)))
     model = await make_model("rf-ei")
     run = tmp_path / "run"
     with (
@@ -782,7 +777,7 @@ async def test_expert_iteration_hints_an_unchanged_two_parameter_function_throug
     from art_rlvr.ei.relabel import relabel_hinted_episode
     from art_rlvr.llm.client import LLMCounters
 
-    task = load_task(str(scenario_file(tmp_path, case("game_like"))))
+    task = load_scenario(str(scenario_file(tmp_path, case("game_like"))))
     every = " ".join(str(s.x["answer"]) for s in task.splits["train"])  # right for any record
     hinted = hinted_system(CLEAN, HINT)
     with (

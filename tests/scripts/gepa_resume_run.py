@@ -17,7 +17,7 @@ os.environ.setdefault("WEAVE_DISABLED", "true")
 async def main(run_dir: Path, config_json: str, seed_prompt: str, out: Path) -> None:
     import art
 
-    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_task
+    from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_scenario
     from art_rlvr.gepa import GEPAConfig, optimize_prompt
 
     backend = TorchBackend(path=run_dir / ".art", seed=0)
@@ -28,7 +28,7 @@ async def main(run_dir: Path, config_json: str, seed_prompt: str, out: Path) -> 
         await model.register(backend)
         result = await optimize_prompt(
             model,
-            load_task("arith", seed=0),
+            load_scenario("arith", seed=0),
             seed_prompt=seed_prompt,
             config=GEPAConfig.model_validate_json(config_json),
             run_dir=run_dir / "gepa",

@@ -26,10 +26,10 @@ def reward(text: str) -> float:
     return sum(ord(c) for c in text) % 97 / 100
 
 
-async def rollout_fn(model, scenario: dict, _config: None):
+async def rollout_fn(model, example: dict, _config: None):
     import art
 
-    messages = [{"role": "user", "content": scenario["prompt"]}]
+    messages = [{"role": "user", "content": example["prompt"]}]
     response = await model.openai_client().chat.completions.create(
         messages=messages, model=model.get_inference_name(), max_tokens=4, n=4
     )
@@ -59,7 +59,7 @@ async def main(art_path: Path, steps: int) -> None:
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        scenarios=[{"prompt": p} for p in PROMPTS * 4],
+        examples=[{"prompt": p} for p in PROMPTS * 4],
         config=None,
         learning_rate=1e-4,
         max_steps=steps,

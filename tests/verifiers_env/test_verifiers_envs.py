@@ -23,9 +23,11 @@ import pytest
 
 from art_rlvr.eval.evaluate import pass_all_k, pass_at_k
 from art_rlvr.eval.journal import JournalRow
-from art_rlvr.rollouts import SamplingConfig, gather_groups, rollout, rollout_failure, trainable
+from art_rlvr.rollouts.functions import rollout_failure, trainable
+from art_rlvr.rollouts.rollout import gather_groups, rollout
+from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rollouts.verifiers import load_any, runners_of
-from art_rlvr.rollouts.verifiers import verifiers_task as vf_task
+from art_rlvr.rollouts.verifiers import verifiers_scenario as vf_task
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.scenarios.sources import ScenarioFileError
 from art_rlvr.testing.scripted_server import ScriptedServer, Step

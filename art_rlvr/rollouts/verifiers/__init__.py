@@ -4,7 +4,7 @@ rollout function runs each one as a verifiers episode against the policy's endpo
 it with the task's rubric. verifiers itself is imported only when such a scenario loads.
 """
 
+from art_rlvr.rollouts.verifiers.load import load_any, runners_of, verifiers_scenario
 from art_rlvr.rollouts.verifiers.spec import VerifiersSpec, is_verifiers_scenario
-from art_rlvr.rollouts.verifiers.task import load_any, runners_of, verifiers_task
 
-__all__ = ["VerifiersSpec", "is_verifiers_scenario", "load_any", "runners_of", "verifiers_task"]
+__all__ = ["VerifiersSpec", "is_verifiers_scenario", "load_any", "runners_of", "verifiers_scenario"]

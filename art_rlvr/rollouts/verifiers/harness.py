@@ -1,12 +1,12 @@
 """art_rlvr's in-process verifiers harness: a verifiers 0.4 `Harness` whose loop is art_rlvr's
-own episode loop (`art_rlvr.rollouts.run_episode`), run in the trainer's event loop.
+own episode loop (`art_rlvr.rollouts.loop.run_episode`), run in the trainer's event loop.
 
 verifiers runs each rollout's harness as a program that talks to its interception proxy;
 `Harness.launch`'s contract allows a harness to run its loop in-process instead, as long as every
 model call goes through `endpoint` + `secret` (the proxy, which records the trace and forwards
 each call to the policy). So no `uv` script and no subprocess per rollout: each model call is an
 OpenAI SDK request to the proxy, and the MCP tools the task's `vf.Toolset`s serve (`mcp_urls`)
-become art_rlvr tools (`art_rlvr.rollouts.tools.tool` over an `McpServer`), with the project's timeout,
+become art_rlvr tools (`rollouts.tools.tool` over an `McpServer`), with the project's timeout,
 output cap and error-as-tool-message rules. Selected by the harness id
 `art_rlvr.rollouts.verifiers.harness` (the default of a verifiers scenario).
 """

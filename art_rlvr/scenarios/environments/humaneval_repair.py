@@ -1,7 +1,7 @@
 """`humaneval_repair`: write the function, run it against the task's tests in the sandbox, and
 on a failure see the failing test's output and repair it, up to `rounds` replies.
 
-Each reply is run by the `code` reward (art_rlvr.scenarios.rewards.code: the sandbox contains hostile
+Each reply is run by the `code` reward (scenarios.rewards.code: the sandbox contains hostile
 code; a crash, a limit or a timeout is a failed round, never a failed run). The environment's
 message after a failed round is that reward's one-line verdict (which test, what it raised),
 cut to `feedback_chars`. Reward: `discount ** (rounds used - 1)` when the last reply passes,

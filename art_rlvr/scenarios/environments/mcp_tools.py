@@ -7,7 +7,7 @@ cannot carry (a name outside `[A-Za-z0-9_-]{1,64}`, an input schema that is not 
 object), is an error naming the scenario file and line, before any model is loaded.
 
 Each listed tool becomes an `McpTool`: a callable that brings its own JSON schema, which
-`art_rlvr.rollouts.tools.tool` turns into a `Tool` like any function, so MCP calls run under the same
+`rollouts.tools.tool` turns into a `Tool` like any function, so MCP calls run under the same
 timeout, output cap and error-as-tool-message rules. What the server says goes back to the
 model: a result with `is_error` (the tool raised, the server refused the arguments) is an error
 tool message; so is a server that dies during a call (`Connection closed`), and the server is
@@ -119,7 +119,7 @@ class McpServerSpec(BaseModel):
 
 @dataclass(frozen=True, eq=False)
 class McpTool:
-    """One tool of a server as a callable with its own schema (`art_rlvr.rollouts.tools.DeclaredTool`):
+    """One tool of a server as a callable with its own schema (`rollouts.tools.DeclaredTool`):
     `await tool(**arguments)` is the server's answer as text."""
 
     server: McpServer = field(repr=False, compare=False)
@@ -415,10 +415,10 @@ class McpServer:
         )
 
 
-def _quiet(task: asyncio.Task[Any]) -> None:
+def _quiet(scenario: asyncio.Task[Any]) -> None:
     """A background restart's failure is reported by the next call that awaits it."""
-    if not task.cancelled():
-        task.exception()
+    if not scenario.cancelled():
+        scenario.exception()
 
 
 def client_for(spec: McpServerSpec, errlog: IO[str] | None) -> mcp.Client:

@@ -3,7 +3,7 @@
 This module turns a completion into a program (the fenced code, joined with the prompt's
 imports and signature), splits the tests into units, and turns the judge's reports into a
 score and one line of feedback. The sandbox itself (namespaces, limits, the launcher) is in
-`art_rlvr.scenarios.rewards.sandbox`: the program runs in one process, the tests in another that calls
+`scenarios.rewards.sandbox`: the program runs in one process, the tests in another that calls
 its functions with plain data and compares what comes back, so the program cannot forge a pass.
 """
 

@@ -132,7 +132,7 @@ class RunCgroup:
         name = "tasks" if self.hierarchy.version == 1 else "cgroup.procs"
         return [str(d / self.name / name) for d in self.hierarchy.dirs]
 
-    def create(self, memory_bytes: int, tasks: int) -> None:
+    def create(self, memory_bytes: int, scenarios: int) -> None:
         files = LIMIT_FILES[self.hierarchy.version]
         for directory in self.hierarchy.dirs:
             (directory / self.name).mkdir()
@@ -143,7 +143,7 @@ class RunCgroup:
             (self.memory / swap).write_text(
                 "0" if self.hierarchy.version == 2 else str(memory_bytes)
             )
-        (self.pids / files["pids"][0]).write_text(str(tasks))
+        (self.pids / files["pids"][0]).write_text(str(scenarios))
 
     def members(self) -> set[int]:
         found: set[int] = set()

@@ -26,12 +26,12 @@ def tree(pid: int) -> list[int]:
         current = todo.pop()
         found.append(current)
         try:
-            tasks = list(Path(f"/proc/{current}/task").iterdir())
+            scenarios = list(Path(f"/proc/{current}/task").iterdir())
         except OSError:
             continue
-        for task in tasks:
+        for scenario in scenarios:
             try:
-                todo.extend(int(child) for child in (task / "children").read_text().split())
+                todo.extend(int(child) for child in (scenario / "children").read_text().split())
             except (OSError, ValueError):
                 continue
     return found

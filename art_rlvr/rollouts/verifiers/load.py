@@ -48,7 +48,7 @@ from art_rlvr.rollouts.verifiers.spec import (
 )
 from art_rlvr.scenarios.environments.rollout_fn import RolloutFailed, RolloutFunction
 from art_rlvr.scenarios.mixture import Mixture, load_scenarios
-from art_rlvr.scenarios.scenario import RolloutSpec, ScenarioSpec, Task, fill_splits, toml_line
+from art_rlvr.scenarios.scenario import RolloutSpec, Scenario, ScenarioSpec, fill_splits, toml_line
 from art_rlvr.scenarios.sources import ScenarioFileError
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def module_file(spec: VerifiersSpec, near: Path) -> Path:
     return Path(path) if path else near / f"{name}.py"
 
 
-def build_task(
+def build_scenario(
     spec: VerifiersSpec,
     *,
     name: str | None,
@@ -240,7 +240,7 @@ def build_task(
     path: Path | None,
     near: Path,
     seed: int,
-) -> Task:
+) -> Scenario:
     env, tasks, seat = load_env(spec, near if path is not None else None)
     common = common_system_prompt(tasks)
     default = system_prompt if system_prompt is not None else common or ""
@@ -265,19 +265,19 @@ def build_task(
         rollout=RolloutSpec(function=ref, timeout_s=spec.timeout_s + 30, **threshold),
         max_tokens=max_tokens,
     )
-    task = Task(
+    scenario = Scenario(
         spec=scenario_spec,
         splits={},
         reward=None,
         path=path or module_file(spec, near),
         rollout_fn=RolloutFunction(ref=ref, fn=runner, takes_context=True),
     )
-    fill_splits(task, records_of(spec, tasks), task.path)
+    fill_splits(scenario, records_of(spec, tasks), scenario.path)
     del seed  # the split is the taskset's own seeded order (`shuffle_seed`), not the run's
-    return task
+    return scenario
 
 
-def verifiers_task(
+def verifiers_scenario(
     id: str,
     *,
     args: dict[str, Any] | None = None,
@@ -286,7 +286,7 @@ def verifiers_task(
     max_tokens: int | None = None,
     near: Path | None = None,
     **options: Any,
-) -> Task:
+) -> Scenario:
     """The Python form of a verifiers scenario: taskset `id` with config `args`; `options`
     are the rest of `VerifiersSpec` (`splits`, `env_args`, `harness`, `timeout_s`, ...).
     `system_prompt` replaces every task's (default: the one they share)."""
@@ -295,7 +295,7 @@ def verifiers_task(
     except ValidationError as error:
         raise ScenarioFileError(f"verifiers {error_line(error, '[verifiers]')}") from None
     try:
-        return build_task(
+        return build_scenario(
             spec, name=name, system_prompt=system_prompt, max_tokens=max_tokens, path=None,
             near=near or Path.cwd(), seed=0,
         )  # fmt: skip
@@ -306,7 +306,7 @@ def verifiers_task(
 TOP_KEYS = {"name", "description", "system_prompt", "max_tokens", "verifiers"}
 
 
-def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Task:
+def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Scenario:
     """A scenario file with a `[verifiers]` table; errors name the file and line."""
     raw = tomllib.loads(text)
     if unknown := sorted(set(raw) - TOP_KEYS):
@@ -327,7 +327,7 @@ def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Task:
         said = error_line(error, "[verifiers]")
         raise ScenarioFileError(f"{where}: verifiers.{said}") from None
     try:
-        return build_task(
+        return build_scenario(
             spec, name=raw.get("name", path.stem), description=raw.get("description", ""),
             system_prompt=raw.get("system_prompt"), max_tokens=raw.get("max_tokens"),
             path=path, near=path.parent, seed=0,
@@ -339,7 +339,7 @@ def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Task:
 
 def load_any(
     text: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
-) -> Task | Mixture:
+) -> Scenario | Mixture:
     """What `scenario=` names: `verifiers:<taskset>` (`source.<key>=` overrides become the
     taskset's config), a scenario file with a `[verifiers]` table, or any other scenario or
     mixture (`art_rlvr.scenarios.mixture.load_scenarios`)."""
@@ -348,7 +348,7 @@ def load_any(
         ident = text.removeprefix(PREFIX).strip()
         if not ident:
             raise ScenarioFileError("scenario=verifiers:<taskset id or module>: no id given")
-        return verifiers_task(ident, args=overrides)
+        return verifiers_scenario(ident, args=overrides)
     path = Path(text).expanduser()
     if path.suffix == ".toml" and path.is_file():
         file_text = path.read_text(encoding="utf-8")
@@ -361,11 +361,11 @@ def load_any(
     return load_scenarios(text, seed=seed, overrides=overrides)
 
 
-def runners_of(task: Task | Mixture) -> list[VerifiersRunner]:
+def runners_of(scenario: Scenario | Mixture) -> list[VerifiersRunner]:
     """The verifiers environments a run must start and close (one serving context each)."""
     return [
         t.rollout_fn.fn
-        for t in task.tasks
+        for t in scenario.scenarios
         if t.rollout_fn is not None and isinstance(t.rollout_fn.fn, VerifiersRunner)
     ]
 
