@@ -91,7 +91,7 @@ GSM8K_HUB_TOML = (
     '{extra}[reward]\nname = "numeric"\n'
 )
 LOAD = (
-    "import sys; from art_rlvr.scenarios.scenario import load_task; t = load_task(sys.argv[1], seed=0); "
+    "import sys; from art_rlvr.scenarios.scenario import load_scenario; t = load_scenario(sys.argv[1], seed=0); "
     "print([len(t.splits[s]) for s in ('train', 'val', 'test')], "
     "sorted(s.x['answer'] for s in t.splits['test']))"
 )

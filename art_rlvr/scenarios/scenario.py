@@ -6,7 +6,7 @@ them. Everything downstream sees an opaque record `x`, messages, and a `Score`.
 
 A definition may also name an `[environment]` (see scenarios.environments): then a record runs
 as an episode of several turns, with tools, an environment that answers each turn and a reward
-over the whole episode. `Scenario.episode()` says how one record runs; a scenario without an
+over the whole episode. `Example.episode()` says how one record runs; a scenario without an
 environment is the one-turn case (no tools, no answers, its `[reward]` on the one reply).
 """
 
@@ -210,7 +210,7 @@ class Scenario:
         if env is not None and env.opening is not None:
             opening = [dict(m) for m in env.opening(example.x)]
         else:
-            assert self.spec.user_template is not None  # checked by load_task
+            assert self.spec.user_template is not None  # checked by load_scenario
             opening = [{"role": "user", "content": self.spec.user_template.format_map(example.x)}]
         return ([{"role": "system", "content": s}] if s else []) + opening
 

@@ -262,9 +262,9 @@ def test_patience_stops_a_plateaued_run_and_a_rerun_stays_stopped(tmp_path: Path
 OFFLINE = """
 import asyncio
 from art_rlvr.observe.tracing import finish_weave, setup_weave
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 assert setup_weave("ent/proj", offline=True)
-scenario = load_task("arith").splits["val"][0]
+scenario = load_scenario("arith").splits["val"][0]
 asyncio.run(scenario.score(str(scenario.x["answer"])))
 finish_weave()
 """

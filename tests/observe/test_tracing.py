@@ -24,7 +24,7 @@ import art
 from art_rlvr.observe.tracing import finish_weave, setup_weave
 from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
-from art_rlvr.scenarios.scenario import load_task
+from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.testing import ScriptedServer, Step
 
 def model(server):
@@ -32,7 +32,7 @@ def model(server):
                      inference_api_key="k", inference_model_name="scripted")
 
 async def episode(name, script):
-    scenario = load_task(name).splits["val"][0]
+    scenario = load_scenario(name).splits["val"][0]
     with ScriptedServer(script(scenario.x)) as server:
         t = await rollout(model(server), scenario, sampling=SamplingConfig(temperature=0))
     return {"scenario_id": scenario.id, "x": scenario.x, "reward": t.reward,
