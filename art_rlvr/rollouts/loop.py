@@ -42,7 +42,6 @@ from art_rlvr.rollouts.tools import (
     as_tools,
     call_tool,
     guarded,
-    tool,
     tool_choice_param,
 )
 from art_rlvr.scenarios.rewards.base import RewardTypeError, as_score
@@ -92,10 +91,7 @@ def tool_metrics(results: Iterable[ToolCallResult]) -> dict[str, float]:
 
 def toolbox_of(episode: Episode) -> dict[str, Tool]:
     """The episode's tools by name; a plain function runs under the episode's tool timeout."""
-    return as_tools(
-        t if isinstance(t, Tool) else tool(t, timeout_s=episode.tool_timeout_s)
-        for t in episode.tools
-    )
+    return as_tools(episode.tools, timeout_s=episode.tool_timeout_s)
 
 
 def episode_metrics(

@@ -95,7 +95,8 @@ async def rollout(
         )  # fmt: skip
     episode = example.episode(system_prompt, messages)
     opening = episode.messages
-    s = opening[0]["content"] if opening and opening[0]["role"] == "system" else ""
+    content = opening[0]["content"] if opening and opening[0]["role"] == "system" else ""
+    s = content if isinstance(content, str) else ""
     trajectory = await run_episode(
         model,
         episode,

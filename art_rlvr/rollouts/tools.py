@@ -158,9 +158,19 @@ def tool(
     )
 
 
-def as_tools(items: Iterable[Callable[..., Any] | Tool]) -> dict[str, Tool]:
-    """Tools by name from functions or `Tool`s; two tools with one name are an error."""
-    tools = [item if isinstance(item, Tool) else tool(item) for item in items]
+def as_tool(item: object, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Tool:
+    """A `Tool` as it is, or one from a function that runs under `timeout_s`."""
+    if isinstance(item, Tool):
+        return item
+    if not callable(item):
+        raise TypeError(f"{item!r} is neither a function nor a Tool")
+    return tool(item, timeout_s=timeout_s)
+
+
+def as_tools(items: Iterable[object], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Tool]:
+    """Tools by name from functions (run under `timeout_s`) or `Tool`s; two tools with one name
+    are an error."""
+    tools = [as_tool(item, timeout_s=timeout_s) for item in items]
     names = [t.name for t in tools]
     if duplicates := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"two tools share a name: {', '.join(duplicates)}")
