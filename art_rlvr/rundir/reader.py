@@ -181,7 +181,11 @@ class RunFolder(_Frozen):
         if summary is not None and summary.early_stop:
             listed.append({"kind": "early_stop", **summary.early_stop})
         found += [
-            (str(a.get("kind") or "alarm"), a.get("step"), str(a.get("message") or ""))
+            (
+                str(a.get("kind") or "alarm"),
+                step if isinstance(step := a.get("step"), int) else None,
+                str(a.get("message") or ""),
+            )
             for a in listed
         ]
         out: dict[tuple[str, int | None, str], Alarm] = {}

@@ -266,13 +266,14 @@ def legacy_trajectory(row: Mapping[str, Any]) -> StoredTrajectory:
     )
 
 
-def message_of(item: Mapping[str, Any]) -> Message:
+def message_of(item: Mapping[str, object]) -> Message:
     """An item of `messages_and_choices` as a `Message` (a choice dict: its assistant
     message, marked sampled)."""
     sampled = _is_choice(item)
     inner = item["message"] if sampled else None
-    m: Mapping[str, Any] = inner if isinstance(inner, dict) else item
-    calls = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+    m: Mapping[str, object] = inner if isinstance(inner, dict) else item
+    listed = m.get("tool_calls") or []
+    calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
     content = m.get("content")
     return Message(
         role="assistant" if sampled else str(m.get("role", "?")),
@@ -284,7 +285,7 @@ def message_of(item: Mapping[str, Any]) -> Message:
     )
 
 
-def _tool_call(call: Mapping[str, Any]) -> ToolCall:
+def _tool_call(call: Mapping[str, object]) -> ToolCall:
     """An OpenAI-shaped call (`function.name`, `function.arguments`), arguments kept as text."""
     function = fn if isinstance(fn := call.get("function"), dict) else {}
     arguments = function.get("arguments", "")
@@ -295,7 +296,7 @@ def _tool_call(call: Mapping[str, Any]) -> ToolCall:
     )
 
 
-def _is_choice(item: Mapping[str, Any]) -> bool:
+def _is_choice(item: Mapping[str, object]) -> bool:
     return item.keys() >= _CHOICE_KEYS
 
 

@@ -87,7 +87,7 @@ class RecordingTraceServer:
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
+            def log_message(self, format: str, *args: object) -> None:  # quiet
                 return
 
             def _handle(self, method: str) -> None:
@@ -122,12 +122,12 @@ class RecordingTraceServer:
         with self._lock:
             return list(self._requests)
 
-    def calls(self) -> list[dict[str, Any]]:
+    def calls(self) -> list[dict[str, object]]:
         """Every traced call (op name, inputs, output, parent), whichever way weave sent it:
         complete-call batches (weave 0.54) or start/end records merged by call id."""
-        complete: list[dict[str, Any]] = []
-        starts: dict[str, dict[str, Any]] = {}
-        ends: dict[str, dict[str, Any]] = {}
+        complete: list[dict[str, object]] = []
+        starts: dict[str, dict[str, object]] = {}
+        ends: dict[str, dict[str, object]] = {}
         for request in self.requests:
             body = request.body if isinstance(request.body, dict) else {}
             if request.path.endswith("/calls/complete"):
@@ -147,7 +147,7 @@ class RecordingTraceServer:
                         ends[req["end"]["id"]] = req["end"]
         merged = [{**start, **(ends.get(call_id) or {})} for call_id, start in starts.items()]
         calls = complete + merged
-        return [{**call, "name": op_short_name(call.get("op_name", ""))} for call in calls]
+        return [{**call, "name": op_short_name(str(call.get("op_name", "")))} for call in calls]
 
     def close(self) -> None:
         self._server.shutdown()
