@@ -31,10 +31,9 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import art
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -247,7 +246,7 @@ def _output(result: EvalResult) -> dict[str, object]:
 
 @tracing.op("art_rlvr.evaluate", inputs=_inputs, output=_output)
 async def evaluate_resumable(
-    model: Any,
+    model: art.Model,
     examples: Sequence[Example],
     *,
     folder: Path,
@@ -387,7 +386,7 @@ def sampled_report(
     )
 
 
-def metric_means(rows: Any) -> dict[str, float]:
+def metric_means(rows: Iterable[JournalRow]) -> dict[str, float]:
     """The mean of every numeric metric over the rollouts that report it."""
     values: dict[str, list[float]] = {}
     for row in rows:

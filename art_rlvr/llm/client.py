@@ -1,6 +1,6 @@
 """A small litellm-backed chat client for reflection (GEPA) and teachers.
 
-Any litellm model string works: `openai/gpt-4.1-mini`, `anthropic/claude-...`, or
+Every litellm model string works: `openai/gpt-4.1-mini`, `anthropic/claude-...`, or
 `openai/<name>` with `api_base` for an OpenAI-compatible server (our own TorchBackend included).
 Keys come from the environment (litellm's usual variables, or the one named by `api_key_env`)
 or are handed in by the caller; they are held in memory only, never logged, never written.

@@ -75,7 +75,7 @@ def renamed_to(key: str) -> str | None:
     return RENAMED.get(key)
 
 
-def refuse_renamed(data: Any, owner: str) -> None:
+def refuse_renamed(data: object, owner: str) -> None:
     """A settings dict that uses an old key name is an error naming the new one."""
     if isinstance(data, dict):
         for key in data:

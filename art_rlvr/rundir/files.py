@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import art
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """temp file + fsync + rename: readers see the old or the new file, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -158,7 +158,7 @@ class RunFiles:
     def art_path(self) -> Path:
         return self.root / ".art"
 
-    def write_json(self, name: str, data: Any) -> None:
+    def write_json(self, name: str, data: object) -> None:
         write_json_atomic(self.root / name, data)
 
     def read_json(self, name: str) -> Any | None:

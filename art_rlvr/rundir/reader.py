@@ -289,14 +289,14 @@ def read_run_folder(root: Path) -> RunFolder:
     )
 
 
-def _parsed[M: BaseModel](model: type[M], data: Any) -> M | None:
+def _parsed[M: BaseModel](model: type[M], data: object) -> M | None:
     try:
         return model.model_validate(data)
     except ValidationError:
         return None
 
 
-def _event(data: dict[str, Any]) -> Event | None:
+def _event(data: dict[str, object]) -> Event | None:
     try:
         return parse_event(data)
     except RecordError:
@@ -387,7 +387,7 @@ def _proposal(phase: str, e: dict[str, Any], prompts: dict[int, str]) -> Proposa
     )
 
 
-def number(value: Any) -> float | None:
+def number(value: object) -> float | None:
     """A JSON value as a float when it is a number (never a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 

@@ -26,6 +26,7 @@ from art_rlvr.core.types import correct_from
 
 if TYPE_CHECKING:
     import art
+    from openai.types.chat.chat_completion import Choice
 
 FORMAT: Final = "art_rlvr.trajectory_group/1"
 _CHOICE_KEYS = {"finish_reason", "index", "message"}  # ART's test for a choice dict
@@ -221,7 +222,7 @@ def read_groups(path: Path) -> list[StoredGroup]:
     return groups
 
 
-def parse_group(raw: Any) -> StoredGroup:
+def parse_group(raw: object) -> StoredGroup:
     """A stored group from a line's JSON value (an old-layout row as a group of one)."""
     if not isinstance(raw, dict):
         raise TrajectoryFileError("not a JSON object")
@@ -300,11 +301,11 @@ def _is_choice(item: Mapping[str, object]) -> bool:
     return item.keys() >= _CHOICE_KEYS
 
 
-def _restored(items: list[JsonDict]) -> list[Any]:
+def _restored(items: list[JsonDict]) -> list[Choice | JsonDict]:
     from openai.types.chat.chat_completion import Choice
 
     return [Choice.model_validate(i) if _is_choice(i) else i for i in items]
 
 
-def _dicts(value: Any) -> list[JsonDict]:
+def _dicts(value: object) -> list[JsonDict]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

@@ -21,9 +21,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import art
 
 Action = Literal["reply", "error", "reset", "malformed", "empty", "truncated"]
 
@@ -333,7 +336,7 @@ class ScriptedServer:
         self.close()
 
 
-def scripted_model(server: ScriptedServer, name: str = "episodes") -> Any:
+def scripted_model(server: ScriptedServer, name: str = "episodes") -> art.Model:
     """An `art.Model` whose inference endpoint is the scripted server: what a rollout talks to
     when the test writes the replies (ART imported here, not at module load)."""
     import art

@@ -8,6 +8,7 @@ records every request. Point weave at it with `WF_TRACE_SERVER_URL` and `WANDB_B
 
 from __future__ import annotations
 
+import email.message
 import gzip
 import hashlib
 import json
@@ -22,14 +23,14 @@ from typing import Any
 class TraceRequest:
     method: str
     path: str
-    body: Any
+    body: object
 
 
-def _digest(body: Any) -> str:
+def _digest(body: object) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _reply(path: str, body: Any) -> Any:
+def _reply(path: str, body: Any) -> object:  # JSON a test client sent
     """A plausible answer for each endpoint weave calls; `{}` for the rest."""
     path = path.split("?")[0].rstrip("/")
     if path.endswith("/server_info"):
@@ -67,7 +68,7 @@ def op_short_name(op_name: str) -> str:
     return op_name.rsplit("/", 1)[-1].split(":", 1)[0]
 
 
-def _decode(raw: bytes, headers: Any) -> Any:
+def _decode(raw: bytes, headers: email.message.Message) -> object:
     if headers.get("Content-Encoding") == "gzip":
         raw = gzip.decompress(raw)
     if not raw:
