@@ -65,23 +65,6 @@ def _identity(value: object) -> object:
     return value
 
 
-@overload
-async def off_loop(
-    fn: Callable[..., object],
-    args: Iterable[object] = (),
-    kwargs: Mapping[str, object] | None = None,
-    *,
-    label: str,
-) -> object: ...
-@overload
-async def off_loop[T](
-    fn: Callable[..., object],
-    args: Iterable[object] = (),
-    kwargs: Mapping[str, object] | None = None,
-    *,
-    label: str,
-    then: Callable[[object], T],
-) -> T: ...
 async def off_loop(
     fn: Callable[..., object],
     args: Iterable[object] = (),
@@ -146,9 +129,9 @@ async def guarded(
     args: Iterable[object] = (),
     kwargs: Mapping[str, object] | None = None,
     *,
+    then: Callable[[object], object] = _identity,  # run with the call (in its thread)
     timeout_s: float,
     what: str,
-    then: Callable[[object], object] = _identity,
     detail_chars: int = DETAIL_CHARS,
 ) -> object:
     """`off_loop` under `timeout_s`; any failure of the call becomes a `CallbackError` saying
