@@ -1,5 +1,5 @@
 """Scenario mixtures (`scenario=arith:2,gsm8k:1`): the spelling, the seeded draw of each RL
-batch's groups by weight, and the loader that gives one `Task` or a `Mixture`."""
+batch's groups by weight, and the loader that gives one `Scenario` or a `Mixture`."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def mixture_draws(weights: Sequence[float], size: int, seed: int, batch: int) ->
 class Mixture:
     """Several scenarios trained together (`scenario=arith:2,gsm8k:1`): each RL batch draws its
     groups from them by weight, seeded; each one's records keep their own prompt and reward,
-    and evaluations score each scenario apart (`Scenario.task` says whose a record is)."""
+    and evaluations score each scenario apart (`Example.scenario` says whose a record is)."""
 
     scenarios: tuple[Scenario, ...]
     weights: tuple[float, ...]

@@ -131,7 +131,7 @@ class ScenarioSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Example:
-    """One record of a task: `x` is opaque; `task` knows how to render and score it."""
+    """One record of a scenario: `x` is opaque; `scenario` knows how to render and score it."""
 
     id: str
     split: str
@@ -179,7 +179,7 @@ class Scenario:
 
     @property
     def correct_rule(self) -> str:
-        """How this task's episodes are judged correct, in words (run files, the report)."""
+        """How this scenario's episodes are judged correct, in words (run files, the report)."""
         declared = self.spec.rollout is not None and (
             "correct_threshold" in self.spec.rollout.model_fields_set
         )
@@ -210,7 +210,7 @@ class Scenario:
         if env is not None and env.opening is not None:
             opening = [dict(m) for m in env.opening(example.x)]
         else:
-            assert self.spec.user_template is not None  # checked by load_task
+            assert self.spec.user_template is not None  # checked by load_scenario
             opening = [{"role": "user", "content": self.spec.user_template.format_map(example.x)}]
         return ([{"role": "system", "content": s}] if s else []) + opening
 
@@ -372,7 +372,7 @@ def load_scenario(
 def fill_splits(
     scenario: Scenario, records: dict[str, list[dict[str, object]]], path: Path
 ) -> None:
-    """The task's scenarios, split by split, each record checked against `user_template`."""
+    """The scenario's examples, split by split, each record checked against `user_template`."""
     spec = scenario.spec
     needed = _template_fields(spec.user_template or "")
     for split in SPLITS:
@@ -497,7 +497,7 @@ def source_error(
 
 
 def reward_problem(scenario: Scenario) -> str | None:
-    """Why a user's reward cannot score this task, found by calling it once on the first record
+    """Why a user's reward cannot score this scenario, found by calling it once on the first record
     with an empty reply (what a model may well answer): it raises, or it returns something that
     is no score. None when it is fine. Found here, this costs milliseconds; found in the run, it
     costs a model load and a round of generation first."""
