@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import overload
 
 DETAIL_CHARS = 80_000  # the most of a traceback kept for the logs
 
@@ -27,61 +29,68 @@ def cap(text: str, max_chars: int) -> tuple[str, bool]:
     return text[:max_chars] + note, True
 
 
-def _in_thread(call: Callable[[], Any], label: str) -> asyncio.Future[Any]:
+def _in_thread[R](call: Callable[[], R], label: str) -> asyncio.Future[R]:
     """Run `call` in a daemon thread of its own; the future resolves on the loop. A call that
     outlives its awaiter finishes (or hangs) in the background and is ignored."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+    future: asyncio.Future[R] = loop.create_future()
     context = contextvars.copy_context()
 
-    def settle(result: Any, error: BaseException | None) -> None:
-        if future.done():  # cancelled by a timeout
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+    def settle(resolve: Callable[[], None]) -> None:
+        if not future.done():  # else cancelled by a timeout
+            resolve()
 
     def target() -> None:
         try:
-            result, error = context.run(call), None
+            result = context.run(call)
         except BaseException as caught:  # SystemExit from a tool is the tool's fault too
-            result, error = None, caught
+            resolve = functools.partial(future.set_exception, caught)
+        else:
+            resolve = functools.partial(future.set_result, result)
         with contextlib.suppress(RuntimeError):  # the loop closed while the tool still ran
-            loop.call_soon_threadsafe(settle, result, error)
+            loop.call_soon_threadsafe(settle, resolve)
 
     threading.Thread(target=target, name=label, daemon=True).start()
     return future
 
 
-def _identity(value: Any) -> Any:
+@dataclass(frozen=True)
+class _Awaiting:
+    """What a sync function returned when it was an awaitable, to be awaited on the loop."""
+
+    value: Awaitable[object]
+
+
+def _identity(value: object) -> object:
     return value
 
 
 async def off_loop(
-    fn: Callable[..., Any],
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
+    fn: Callable[..., object],
+    args: Iterable[object] = (),
+    kwargs: Mapping[str, object] | None = None,
     *,
     label: str,
-    then: Callable[[Any], Any] = _identity,
-) -> Any:
+    then: Callable[[object], object] = _identity,
+) -> object:
     """`then(fn(*args, **kwargs))` without blocking the event loop: an async `fn` is awaited, a
     sync one runs in a daemon thread of its own (with `then`, so turning megabytes into text
     happens there too). Wrap it in `asyncio.timeout`: an async call is cancelled, a sync one
     abandoned. A sync function that returns an awaitable has it awaited on the loop."""
-    args, kwargs = list(args), dict(kwargs or {})
+    positional, named = list(args), dict(kwargs or {})
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
     ):
-        return then(await fn(*args, **kwargs))
+        coroutine = fn(*positional, **named)
+        assert inspect.isawaitable(coroutine)
+        return then(await coroutine)
 
-    def run() -> Any:
-        result = fn(*args, **kwargs)
-        return result if inspect.isawaitable(result) else then(result)
+    def run() -> object:
+        result = fn(*positional, **named)
+        return _Awaiting(result) if inspect.isawaitable(result) else then(result)
 
     result = await _in_thread(run, label)
-    return then(await result) if inspect.isawaitable(result) else result
+    return then(await result.value) if isinstance(result, _Awaiting) else result
 
 
 class CallbackError(RuntimeError):
@@ -94,16 +103,37 @@ class CallbackError(RuntimeError):
         self.detail = message if detail is None else detail
 
 
+@overload
 async def guarded(
-    fn: Callable[..., Any],
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
+    fn: Callable[..., object],
+    args: Iterable[object] = (),
+    kwargs: Mapping[str, object] | None = None,
     *,
     timeout_s: float,
     what: str,
-    then: Callable[[Any], Any] = _identity,
     detail_chars: int = DETAIL_CHARS,
-) -> Any:
+) -> object: ...
+@overload
+async def guarded[T](
+    fn: Callable[..., object],
+    args: Iterable[object] = (),
+    kwargs: Mapping[str, object] | None = None,
+    *,
+    timeout_s: float,
+    what: str,
+    then: Callable[[object], T],
+    detail_chars: int = DETAIL_CHARS,
+) -> T: ...
+async def guarded(
+    fn: Callable[..., object],
+    args: Iterable[object] = (),
+    kwargs: Mapping[str, object] | None = None,
+    *,
+    then: Callable[[object], object] = _identity,  # run with the call (in its thread)
+    timeout_s: float,
+    what: str,
+    detail_chars: int = DETAIL_CHARS,
+) -> object:
     """`off_loop` under `timeout_s`; any failure of the call becomes a `CallbackError` saying
     what failed and why. Cancellation from outside still propagates."""
     scope = asyncio.timeout(timeout_s)
@@ -124,8 +154,8 @@ class CallbackTimeout(TimeoutError):
 
 
 async def within(
-    fn: Callable[..., Any], args: Iterable[Any] = (), *, timeout_s: float | None, what: str
-) -> Any:
+    fn: Callable[..., object], args: Iterable[object] = (), *, timeout_s: float | None, what: str
+) -> object:
     """`off_loop` under `timeout_s` (None: no limit): `CallbackTimeout` at the timeout,
     whatever the call raised as itself (a reward's bug is not a timeout). Cancellation from
     outside still propagates."""
@@ -139,28 +169,31 @@ async def within(
         raise
 
 
-def call_within(fn: Callable[..., Any], args: Iterable[Any], *, timeout_s: float, what: str) -> Any:
+def call_within(
+    fn: Callable[..., object], args: Iterable[object], *, timeout_s: float, what: str
+) -> object:
     """From sync code (a scenario being loaded, perhaps in a notebook whose loop runs):
     `fn(*args)`, awaited if it returns an awaitable, in a daemon thread with a loop of its own,
     abandoned at the timeout with `CallbackTimeout`; whatever it raised is raised."""
     done = threading.Event()
-    outcome: dict[str, Any] = {}
+    values: list[object] = []
+    errors: list[BaseException] = []
 
-    async def settle(value: Any) -> Any:
+    async def settle(value: Awaitable[object]) -> object:
         return await value
 
     def target() -> None:
         try:
             value = fn(*args)
-            outcome["value"] = asyncio.run(settle(value)) if inspect.isawaitable(value) else value
+            values.append(asyncio.run(settle(value)) if inspect.isawaitable(value) else value)
         except BaseException as error:  # handed to the caller
-            outcome["error"] = error
+            errors.append(error)
         finally:
             done.set()
 
     threading.Thread(target=target, name=what, daemon=True).start()
     if not done.wait(timeout_s):
         raise CallbackTimeout(f"{what} did not return within {timeout_s:g} s")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    if errors:
+        raise errors[0]
+    return values[0]

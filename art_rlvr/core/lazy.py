@@ -6,16 +6,15 @@ that, so packages name their public objects here and import them on first use.
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 
 def lazy_exports(
     package: str, exports: dict[str, str]
-) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
     """(`__all__`, `__getattr__`, `__dir__`) for `package`, resolving name -> module lazily."""
     names = sorted(exports)
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         if name not in exports:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(exports[name]), name)

@@ -18,13 +18,16 @@ Every rollout (a single reply or a multi-turn episode) ends in `attach_outcome`,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from art_rlvr.core.types import CORRECT_THRESHOLD, Outcome, correct_from
 
 if TYPE_CHECKING:
     import art
-    from art.types import Message, Tools
+    from art.types import Choice, Message, MessageOrChoice, Tools
+    from typing_extensions import TypeIs
+
+    Item = MessageOrChoice | Mapping[str, object]  # an item of `messages_and_choices`
 
 
 def attach_outcome(
@@ -63,31 +66,31 @@ def outcome_of(trajectory: art.Trajectory) -> Outcome:
     )
 
 
-def as_message(item: Any) -> dict[str, Any]:
+def as_message(item: Item) -> dict[str, object]:
     """A message dict for an item of `messages_and_choices`: a sampled `Choice` becomes the
     assistant message it carried (content and tool calls), a dict is copied as it is."""
-    if isinstance(item, Mapping):
+    if not is_sampled(item):
         return dict(item)
     message = item.message
-    out: dict[str, Any] = {"role": "assistant", "content": message.content}
-    if getattr(message, "tool_calls", None):
+    out: dict[str, object] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
         out["tool_calls"] = [call.model_dump(mode="json") for call in message.tool_calls]
     return out
 
 
-def art_message(message: Mapping[str, Any]) -> Message:
+def art_message(message: Mapping[str, object]) -> Message:
     """A message built at run time (a prompt, a tool result, an environment's reply) as ART's
     `Message`, OpenAI's TypedDict union, which ART does not validate either: the one place a
     plain dict is declared to be one."""
     return cast("Message", dict(message))
 
 
-def art_tools(tools: Iterable[Mapping[str, Any]]) -> Tools:
+def art_tools(tools: Iterable[Mapping[str, object]]) -> Tools:
     """Tool schemas built at run time as ART's `Tools` (OpenAI's TypedDicts), likewise."""
     return cast("Tools", list(tools))
 
 
-def episode_items(trajectory: art.Trajectory) -> list[Any]:
+def episode_items(trajectory: art.Trajectory) -> list[MessageOrChoice]:
     """`messages_and_choices`; for a trajectory recorded only as ART's `exchanges` (a rollout
     function inside a capture scope), the last chat exchange as the same kind of list: its
     request's messages, then its first choice (an agent's last request holds its history)."""
@@ -98,15 +101,15 @@ def episode_items(trajectory: art.Trajectory) -> list[Any]:
         return []
     last = exchanges[-1]
     choices = list(last.response.choices)[:1]
-    return [dict(m) for m in last.request.get("messages", [])] + choices
+    return [art_message(m) for m in last.request.get("messages", [])] + choices
 
 
-def turns(trajectory: art.Trajectory) -> list[dict[str, Any]]:
+def turns(trajectory: art.Trajectory) -> list[dict[str, object]]:
     """The whole episode as message dicts, in order (sampled turns included)."""
     return [as_message(item) for item in episode_items(trajectory)]
 
 
-def is_sampled(item: Any) -> bool:
+def is_sampled(item: Item) -> TypeIs[Choice]:
     """True for a turn the policy sampled (a `Choice`), False for a given message."""
     return not isinstance(item, Mapping)
 

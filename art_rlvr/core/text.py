@@ -6,7 +6,6 @@ import difflib
 import hashlib
 import json
 from collections.abc import Iterable
-from typing import Any
 
 
 def prompt_hash(system_prompt: str) -> str:
@@ -14,7 +13,7 @@ def prompt_hash(system_prompt: str) -> str:
     return hashlib.sha256(system_prompt.encode()).hexdigest()[:12]
 
 
-def fingerprint(*parts: Any) -> str:
+def fingerprint(*parts: object) -> str:
     """A stable 16-hex digest of JSON-able parts: a run refuses to resume under other settings."""
     blob = json.dumps(list(parts), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -27,9 +27,8 @@ bare text, as it always was, and is never trimmed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-Message = Mapping[str, Any]
+Message = Mapping[str, object]
 
 
 def omitted(k: int) -> str:
@@ -46,7 +45,8 @@ def message_text(message: Message, *, environment: bool = False) -> str:
         return f"[tool result{name}] {content}"
     label = "environment" if environment and role == "user" else role
     lines = [f"[{label}] {content}".rstrip()]
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls") or []
+    for call in calls if isinstance(calls, list) else []:
         function = call.get("function") or {}
         lines.append(f"[tool call] {function.get('name')}({function.get('arguments') or ''})")
     return "\n".join(lines)

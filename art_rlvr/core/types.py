@@ -16,9 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-Record = Mapping[str, Any]
-Message = dict[str, Any]  # an OpenAI chat message, as ART's `Trajectory.messages()` gives it
-Messages = Sequence[Mapping[str, Any]]
+# a record's fields: only its scenario's reward and environment read them
+Record = Mapping[str, object]
+# an OpenAI chat message, as ART's `Trajectory.messages()` gives it; its values stay untyped while
+# expert iteration's callers read them as `str`
+Message = dict[str, Any]
+Messages = Sequence[Mapping[str, object]]
 Loss = Literal["cispo", "ppo"]  # the policy-gradient losses ART's backends train with
 LrSchedule = Literal["constant", "linear", "cosine"]  # the learning rate over a run's RL steps
 
@@ -27,7 +30,7 @@ CORRECT_THRESHOLD = 1.0  # a reward at or above it is correct when nothing else 
 
 
 def correct_from(
-    reward: float, metrics: Mapping[str, Any], threshold: float = CORRECT_THRESHOLD
+    reward: float, metrics: Mapping[str, float], threshold: float = CORRECT_THRESHOLD
 ) -> bool:
     """The one rule: the reward's own `correct` metric if it set one, else a reward at or
     above `threshold` (a full reward of ours; a rollout function's scenario may declare
@@ -72,15 +75,27 @@ class Reply(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    messages: tuple[dict[str, Any], ...] = ()
+    messages: tuple[dict[str, object], ...] = ()
     done: bool = False
     metrics: dict[str, float] = Field(default_factory=dict)
     log: str | None = None
 
     @classmethod
-    def say(cls, text: str, **fields: Any) -> Reply:
+    def say(
+        cls,
+        text: str,
+        *,
+        done: bool = False,
+        metrics: Mapping[str, float] | None = None,
+        log: str | None = None,
+    ) -> Reply:
         """One user message."""
-        return cls(messages=({"role": "user", "content": text},), **fields)
+        return cls(
+            messages=({"role": "user", "content": text},),
+            done=done,
+            metrics=dict(metrics or {}),
+            log=log,
+        )
 
 
 DEFAULT_MAX_TURNS = 8
@@ -101,14 +116,14 @@ class Episode:
     first tool call unless `reset_tool_choice` is False. A single-turn episode is one with no
     tools and nothing that answers or judges it: one request, one reply."""
 
-    messages: Sequence[Mapping[str, Any]]
-    tools: tuple[Any, ...] = ()
-    respond: Callable[[Messages], Any] | None = None
-    reward: Callable[[Messages], Any] | None = None
+    messages: Messages
+    tools: tuple[object, ...] = ()  # functions or `rollouts.tools.Tool`s
+    respond: Callable[[Messages], object] | None = None
+    reward: Callable[[Messages], object] | None = None
     max_turns: int = DEFAULT_MAX_TURNS
     timeout_s: float = DEFAULT_CALLBACK_TIMEOUT_S
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, object] | None = None
     reset_tool_choice: bool = True
 
     @property

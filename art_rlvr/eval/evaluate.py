@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import art
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +25,7 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def failure_of(result: Any) -> Any:
+def failure_of(result: art.Trajectory | BaseException) -> art.Trajectory | BaseException:
     """A rollout function's failure as the error it is (an evaluation counts it and re-runs
     it, as it does a rollout that raised), anything else as it is."""
     if isinstance(result, art.Trajectory) and (reason := rollout_failure(result)):

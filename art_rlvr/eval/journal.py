@@ -31,10 +31,9 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import art
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -93,7 +92,7 @@ class EvalPlan(BaseModel):
     items: int
     items_sha256: str  # of the evaluated records (ids and fields), in order
     samples: int
-    sampling: dict[str, Any]
+    sampling: dict[str, object]
     seed: int
     system_prompt_hash: str
 
@@ -115,7 +114,7 @@ class JournalRow(BaseModel):
     session_seconds: float  # since that session started
     spent: Spent | None = None  # that session's spending when this rollout was booked
     trajectory: StoredTrajectory | None = None
-    row: dict[str, Any] | None = None  # a journal of the layout before: a readable row
+    row: dict[str, object] | None = None  # a journal of the layout before: a readable row
 
     @model_validator(mode="after")
     def _one_rollout(self) -> JournalRow:
@@ -159,7 +158,7 @@ def read_journal(path: Path, plan: EvalPlan, wanted: set[tuple[str, int]]) -> li
     return list(rows.values())
 
 
-def open_plan(folder: Path, plan: EvalPlan) -> dict[str, Any]:
+def open_plan(folder: Path, plan: EvalPlan) -> dict[str, object]:
     """The folder's metadata, started for `plan` if new; another plan's folder is an error."""
     path = folder / "metadata.json"
     if path.exists():
@@ -226,24 +225,28 @@ class EvalResult(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     report: SampledReport
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
     rows: list[JournalRow]  # every booked rollout, by item then sample
     reused: int = Field(ge=0)  # rollouts taken from the journal of earlier sessions
 
 
-def _inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     plan = inputs.get("plan")
-    where = {"split": plan.split, "step": plan.step, "samples": plan.samples} if plan else {}
+    where = (
+        {"split": plan.split, "step": plan.step, "samples": plan.samples}
+        if isinstance(plan, EvalPlan)
+        else {}
+    )
     return {**tracing.evaluate_inputs(inputs), **where}
 
 
-def _output(result: EvalResult) -> dict[str, Any]:
+def _output(result: EvalResult) -> dict[str, object]:
     return {**tracing.evaluate_output(result.report), "reused": result.reused}
 
 
 @tracing.op("art_rlvr.evaluate", inputs=_inputs, output=_output)
 async def evaluate_resumable(
-    model: Any,
+    model: art.Model,
     examples: Sequence[Example],
     *,
     folder: Path,
@@ -253,7 +256,7 @@ async def evaluate_resumable(
     system_prompt: str | None = None,
     max_in_flight: int | None = None,
     spent: Callable[[], Spent | None] = lambda: None,
-    about: dict[str, Any] | None = None,
+    about: dict[str, object] | None = None,
 ) -> EvalResult:
     """`plan.samples` rollouts of each scenario by any policy with rollout's surface, sample i
     seeded from (plan.seed, scenario id, i), journaled in `folder` as each finishes; rollouts
@@ -383,7 +386,7 @@ def sampled_report(
     )
 
 
-def metric_means(rows: Any) -> dict[str, float]:
+def metric_means(rows: Iterable[JournalRow]) -> dict[str, float]:
     """The mean of every numeric metric over the rollouts that report it."""
     values: dict[str, list[float]] = {}
     for row in rows:

@@ -93,7 +93,7 @@ class Usage:
     completion_tokens: int = 0
     cost_usd: float | None = 0.0
 
-    def add(self, response: Any, cost: float | None) -> None:
+    def add(self, response: object, cost: float | None) -> None:
         usage = getattr(response, "usage", None)
         self.requests += 1
         self.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -101,7 +101,7 @@ class Usage:
         self.cost_usd = None if self.cost_usd is None or cost is None else self.cost_usd + cost
 
 
-def litellm_cost(response: Any) -> float | None:
+def litellm_cost(response: object) -> float | None:
     """litellm's price of one reply, or None where it does not know the model's."""
     import litellm
 

@@ -1,6 +1,6 @@
 """A small litellm-backed chat client for reflection (GEPA) and teachers.
 
-Any litellm model string works: `openai/gpt-4.1-mini`, `anthropic/claude-...`, or
+Every litellm model string works: `openai/gpt-4.1-mini`, `anthropic/claude-...`, or
 `openai/<name>` with `api_base` for an OpenAI-compatible server (our own TorchBackend included).
 Keys come from the environment (litellm's usual variables, or the one named by `api_key_env`)
 or are handed in by the caller; they are held in memory only, never logged, never written.
@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,7 +86,7 @@ class LLMCounters:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def restore(cls, snapshot: dict[str, Any]) -> LLMCounters:
+    def restore(cls, snapshot: Mapping[str, Any]) -> LLMCounters:  # JSON from run state
         """Counters as a `snapshot()` left them (a resumed run keeps counting from there)."""
         return cls(
             calls=int(snapshot.get("calls", 0)),
@@ -107,7 +107,7 @@ class LLMCounters:
         with self._lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         with self._lock:
             return {
                 "calls": self.calls,
@@ -213,11 +213,13 @@ class LLMClient:
             return value
         return None  # litellm reads the provider's usual variable itself
 
-    def _request(self, messages: Sequence[dict[str, Any]], overrides: dict[str, Any]) -> dict:
+    def _request(
+        self, messages: Sequence[Mapping[str, object]], overrides: dict[str, object]
+    ) -> dict:
         """litellm kwargs for one attempt (counted here, so every attempt is)."""
         self.counters.add(attempts=1)
         s = self.settings
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, object] = {
             "model": s.model,
             "messages": list(messages),
             "timeout": s.timeout_s,
@@ -275,7 +277,7 @@ class LLMClient:
         return error
 
     @tracing.op("art_rlvr.llm", inputs=tracing.llm_inputs)
-    def complete(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> LLMReply:
+    def complete(self, messages: Sequence[Mapping[str, object]], **overrides: Any) -> LLMReply:
         """Blocking call with retries (for threads: gepa's reflection runs in one)."""
         litellm, began = _litellm(), self._begin()
         for attempt in itertools.count(1):
@@ -287,7 +289,9 @@ class LLMClient:
         raise AssertionError("unreachable")
 
     @tracing.op("art_rlvr.llm", inputs=tracing.llm_inputs)
-    async def acomplete(self, messages: Sequence[dict[str, Any]], **overrides: Any) -> LLMReply:
+    async def acomplete(
+        self, messages: Sequence[Mapping[str, object]], **overrides: Any
+    ) -> LLMReply:
         """The same call on an event loop (litellm.acompletion, asyncio.sleep between tries)."""
         litellm, began = _litellm(), self._begin()
         for attempt in itertools.count(1):
@@ -315,7 +319,7 @@ class LLMClient:
         self.counters.add(retries=1, slept_s=wait)
         return wait
 
-    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+    def __call__(self, prompt: str | Sequence[Mapping[str, object]]) -> str:
         """gepa's `LanguageModel` protocol: a prompt (or messages) in, text out."""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.complete(messages).text

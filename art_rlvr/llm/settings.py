@@ -5,6 +5,7 @@ Pure data (pydantic, no litellm), so the CLI can validate keys without importing
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -74,7 +75,7 @@ def renamed_to(key: str) -> str | None:
     return RENAMED.get(key)
 
 
-def refuse_renamed(data: Any, owner: str) -> None:
+def refuse_renamed(data: object, owner: str) -> None:
     """A settings dict that uses an old key name is an error naming the new one."""
     if isinstance(data, dict):
         for key in data:
@@ -82,7 +83,7 @@ def refuse_renamed(data: Any, owner: str) -> None:
                 raise ValueError(f"{owner}: {key} was renamed {new}")
 
 
-def role_over_defaults(data: Any, role: str, defaults: dict[str, Any]) -> Any:
+def role_over_defaults(data: Any, role: str, defaults: Mapping[str, object]) -> Any:
     """A role given as a dict, laid over the owner's defaults for it (`teacher.model=...`
     keeps the teacher's own `max_tokens`)."""
     if not isinstance(data, dict) or not isinstance(data.get(role), dict):

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +38,22 @@ def offline_log_dir(project: str) -> Path:
     return Path(WAL_ROOT) / entity / name / compute_client_id(OFFLINE_KEY)
 
 
-def _handshake(path: str, body: Any, entity: str) -> dict[str, Any]:
+def _get(value: object, key: str, default: object = None) -> object:
+    """`value[key]` of a JSON object, else `default` (also for anything but an object)."""
+    return value.get(key, default) if isinstance(value, dict) else default
+
+
+def _handshake(path: str, body: object, entity: str) -> dict[str, object]:
     """The stand-in's answers: the trace server's version, the W&B viewer and project."""
     if path.endswith("/server_info"):
         return {"min_required_weave_python_version": "0.0.1", "trace_server_version": "99.0.0"}
     if path.endswith("/graphql"):  # the viewer, and the project (found or "created")
-        name = ((body or {}).get("variables") or {}).get("name", "")
+        name = _get(_get(body, "variables"), "name", "")
         viewer = {"username": "offline", "defaultEntity": {"name": entity}}
         project = {"name": name}
         return {"data": {"viewer": viewer, "project": project, "upsertModel": {"model": project}}}
     if path.endswith("/ensure_project_exists"):
-        return {"project_name": (body or {}).get("project_name", "")}
+        return {"project_name": _get(body, "project_name", "")}
     return {}
 
 
@@ -58,7 +62,7 @@ def stand_in(entity: str) -> Iterator[str]:
     """A loopback HTTP server that answers weave.init's handshake; yields its base URL."""
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             return
 
         def do_POST(self) -> None:

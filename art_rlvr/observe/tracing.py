@@ -22,17 +22,20 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Never, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic import BaseModel
 
 from art_rlvr.core.outcome import completion_text, feedback_of
 from art_rlvr.core.text import prompt_hash
 
+if TYPE_CHECKING:
+    import art
+
 log = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -123,34 +126,37 @@ def tracing_active() -> bool:
 def op(
     name: str,
     *,
-    inputs: Callable[[Mapping[str, Any]], Any] | None = None,
-    output: Callable[[Any], Any] | None = None,
+    inputs: Callable[[Mapping[str, object]], Mapping[str, object]] | None = None,
+    output: Callable[[Never], object] | None = None,
 ) -> Callable[[F], F]:
     """`weave.op` without importing weave (3 s) until something is traced: the function runs
     untouched while no weave client exists, and inside a weave call once one does.
 
     The call records `inputs(arguments)` rather than the raw arguments: weave walks raw
     arguments (to redact keys) before any postprocessing, and a scenario's record links back to
-    its whole dataset, which is both slow to walk and cyclic."""
+    its whole dataset, which is both slow to walk and cyclic. `output` is given what the
+    function returned (awaited), whatever it is."""
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn)
-        shells: list[Callable[..., Any]] = []
+        shells: list[Callable[[Callable[[], object], dict[str, object]], object]] = []
 
-        def shown(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        def shown(args: tuple[object, ...], kwargs: dict[str, object]) -> dict[str, object]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             return dict(inputs(bound.arguments) if inputs else bound.arguments)
 
-        def shell() -> Callable[..., Any]:
+        def shell() -> Callable[[Callable[[], object], dict[str, object]], object]:
             if not shells:
                 import weave
 
-                def body(call: Callable[[], Any], shown: dict[str, Any]) -> Any:
+                def body(call: Callable[[], object], shown: dict[str, object]) -> object:
                     return call()
 
-                async def abody(call: Callable[[], Any], shown: dict[str, Any]) -> Any:
-                    return await call()
+                async def abody(call: Callable[[], object], shown: dict[str, object]) -> object:
+                    pending = call()
+                    assert inspect.isawaitable(pending)
+                    return await pending
 
                 shells.append(
                     weave.op(
@@ -164,22 +170,25 @@ def op(
             return shells[0]
 
         if inspect.iscoroutinefunction(fn):
+            afn = fn
 
             @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
+            async def run_async(*args: object, **kwargs: object) -> object:
                 if not tracing_active():
-                    return await fn(*args, **kwargs)
-                return await shell()(lambda: fn(*args, **kwargs), shown(args, kwargs))
+                    return await afn(*args, **kwargs)
+                traced = shell()(lambda: afn(*args, **kwargs), shown(args, kwargs))
+                assert inspect.isawaitable(traced)
+                return await traced
 
-            return run_async  # type: ignore[return-value]
+            return cast(F, run_async)
 
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: object, **kwargs: object) -> object:
             if not tracing_active():
                 return fn(*args, **kwargs)
             return shell()(lambda: fn(*args, **kwargs), shown(args, kwargs))
 
-        return run  # type: ignore[return-value]
+        return cast(F, run)
 
     return decorate
 
@@ -187,7 +196,7 @@ def op(
 # ---- what each op shows -------------------------------------------------------------------
 
 
-def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def rollout_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     example = inputs.get("example")
     messages = inputs.get("messages")
     system = inputs.get("system_prompt")
@@ -205,14 +214,23 @@ def rollout_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _messages(example: Any, system_prompt: str | None) -> list[dict[str, str]] | None:
+@runtime_checkable
+class _Renders(Protocol):
+    """An example (`art_rlvr.scenarios.Example`) as a trace reads it: its opening messages."""
+
+    def messages(self, system_prompt: str | None = None) -> object: ...
+
+
+def _messages(example: object, system_prompt: object) -> object:
+    if not isinstance(example, _Renders):
+        return None
     try:
-        return example.messages(system_prompt)
+        return example.messages(system_prompt if isinstance(system_prompt, str) else None)
     except Exception:
         return None
 
 
-def trajectory_output(trajectory: Any) -> dict[str, Any]:
+def trajectory_output(trajectory: art.Trajectory) -> dict[str, object]:
     return {
         "completion": completion_text(trajectory),
         "reward": trajectory.reward,
@@ -222,29 +240,31 @@ def trajectory_output(trajectory: Any) -> dict[str, Any]:
     }
 
 
-def score_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def score_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     example = inputs.get("self")
     return {"scenario_id": getattr(example, "id", None), "completion": inputs.get("completion")}
 
 
-def evaluate_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def evaluate_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     system = inputs.get("system_prompt")
     examples = inputs.get("examples") or []
+    assert isinstance(examples, Sequence)
     return {
         "split": inputs.get("split"),
         "n": len(examples),
-        "scenario_ids": [s.id for s in examples][:1000],
+        "scenario_ids": [getattr(s, "id", None) for s in examples][:1000],
         "system_prompt": system,
         "prompt_hash": prompt_hash(system) if isinstance(system, str) else None,
         "step": inputs.get("step"),
     }
 
 
-def evaluate_output(report: Any) -> dict[str, Any]:
-    return report.model_dump(exclude={"groups"}) if hasattr(report, "model_dump") else report
+def evaluate_output(report: BaseModel) -> dict[str, object]:
+    """An evaluation's report without its groups (the trajectories themselves)."""
+    return report.model_dump(exclude={"groups"})
 
 
-def llm_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def llm_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     """The call as the reader needs it: who asked which model what. Never the key."""
     client = inputs.get("self")
     settings = getattr(client, "settings", None)
@@ -258,16 +278,16 @@ def llm_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def drop(*names: str):
+def drop(*names: str) -> Callable[[Mapping[str, object]], dict[str, object]]:
     """postprocess_inputs that leaves out `names` (objects a trace cannot show usefully)."""
 
-    def post(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    def post(inputs: Mapping[str, object]) -> dict[str, object]:
         return {k: v for k, v in inputs.items() if k not in names}
 
     return post
 
 
-def gepa_iteration_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def gepa_iteration_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     state = inputs.get("state")
     best = getattr(state, "best", None) if getattr(state, "candidates", None) else None
     return {
@@ -278,7 +298,27 @@ def gepa_iteration_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def gepa_iteration_output(state: Any) -> dict[str, Any]:
+class _Event(Protocol):
+    @property
+    def iteration(self) -> int: ...
+
+    def model_dump(self, *, exclude_defaults: bool = ...) -> Mapping[str, object]: ...
+
+
+class _GEPAState(Protocol):
+    """`art_rlvr.gepa.data.GEPAState`, as far as a trace reads it."""
+
+    @property
+    def iteration(self) -> int: ...
+
+    @property
+    def history(self) -> Sequence[_Event]: ...
+
+    @property
+    def stop_reason(self) -> str | None: ...
+
+
+def gepa_iteration_output(state: _GEPAState) -> dict[str, object]:
     """The proposals this iteration made, accepted or why not."""
     iteration = getattr(state, "iteration", 0)
     events = [
@@ -289,7 +329,7 @@ def gepa_iteration_output(state: Any) -> dict[str, Any]:
     return {"iteration": iteration, "events": events, "stop_reason": state.stop_reason}
 
 
-def ei_round_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def ei_round_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     system = inputs.get("system_prompt")
     return {
         "round": inputs.get("round_index"),
@@ -300,7 +340,32 @@ def ei_round_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def ei_round_output(output: Any) -> dict[str, Any]:
+class _Dumps(Protocol):
+    def model_dump(self) -> Mapping[str, object]: ...
+
+
+class _Buffer(Protocol):
+    """`art_rlvr.ei.data.Buffer`, as far as a trace reads it."""
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def stats(self) -> _Dumps: ...
+
+    @property
+    def examples(self) -> Sized: ...
+
+    @property
+    def hints(self) -> Iterable[_Dumps]: ...
+
+
+class _Round(Protocol):
+    @property
+    def buffer(self) -> _Buffer: ...
+
+
+def ei_round_output(output: _Round) -> dict[str, object]:
     """The round's counters and the hints it used (the examples are in the run folder)."""
     buffer = output.buffer
     return {
@@ -311,9 +376,10 @@ def ei_round_output(output: Any) -> dict[str, Any]:
     }
 
 
-def env_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def env_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     """An environment's view of a turn: its index, the reply and the tools that reply called."""
     messages = inputs.get("messages") or []
+    assert isinstance(messages, Iterable)
     replies = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
     last = replies[-1] if replies else {}
     calls = last.get("tool_calls") or []
@@ -324,6 +390,6 @@ def env_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def env_output(reply: Any) -> Any:
+def env_output(reply: object) -> object:
     """The environment's answer as data: messages, done, metrics, log."""
-    return reply.model_dump() if hasattr(reply, "model_dump") else reply
+    return reply.model_dump() if isinstance(reply, BaseModel) else reply

@@ -19,13 +19,14 @@ import contextlib
 import logging
 import math
 import traceback
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import art
+from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.core.outcome import attach_outcome, feedback_of, is_sampled
+from art_rlvr.core.types import Record
 from art_rlvr.rollouts.prompted import (
     PromptingClient,
     as_sent,
@@ -69,7 +70,7 @@ class RolloutFunctionError(RuntimeError):
     resume instead of booking a 0)."""
 
 
-def returned_problem(value: Any) -> str | None:
+def returned_problem(value: object) -> str | None:
     """Why a rollout function's return value cannot be scored, or None."""
     if not isinstance(value, art.Trajectory):
         return f"returned {type(value).__name__}, not an art.Trajectory"
@@ -102,7 +103,7 @@ def served_tokens(trajectory: art.Trajectory) -> float:
     )
 
 
-def choice_tokens(choice: Any) -> int | None:
+def choice_tokens(choice: Choice) -> int | None:
     """A sampled turn's completion tokens: its served ids (ART's client asks for them), else
     the usage LangChain keeps (ART's LangGraph integration carries it onto the Choice)."""
     extra = choice.model_extra or {}
@@ -145,8 +146,8 @@ def imposed_prompt(fn: RolloutFunction, context: RolloutContext) -> str | None:
 
 
 async def call_function(
-    fn: RolloutFunction, model: art.Model, record: Any, context: RolloutContext, timeout_s: float
-) -> tuple[Any, art.Trajectory, str | None]:
+    fn: RolloutFunction, model: art.Model, record: Record, context: RolloutContext, timeout_s: float
+) -> tuple[object, art.Trajectory, str | None]:
     """(what the function returned, ART's capture of its requests, why it failed or None); a
     function without a context sends the run's system prompt through its model's client."""
     prompt = imposed_prompt(fn, context)
@@ -167,8 +168,8 @@ async def call_function(
 
 
 async def call_plain(
-    fn: RolloutFunction, model: art.Model, record: Any, context: RolloutContext, timeout_s: float
-) -> tuple[Any, art.Trajectory, str | None]:
+    fn: RolloutFunction, model: art.Model, record: Record, context: RolloutContext, timeout_s: float
+) -> tuple[object, art.Trajectory, str | None]:
     """The function called once, inside ART's capture scope and under `timeout_s`."""
     scope = art.Trajectory()
     args = (model, record, context) if fn.takes_context else (model, record)
@@ -192,7 +193,7 @@ async def function_rollout(
     example: Example,
     context: RolloutContext,
     *,
-    metadata: dict[str, Any],
+    metadata: Mapping[str, object],
     limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
     """One record through the scenario's rollout function, scored by the reward it set."""

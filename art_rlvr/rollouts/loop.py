@@ -42,7 +42,6 @@ from art_rlvr.rollouts.tools import (
     as_tools,
     call_tool,
     guarded,
-    tool,
     tool_choice_param,
 )
 from art_rlvr.scenarios.rewards.base import RewardTypeError, as_score
@@ -56,7 +55,7 @@ def failure(error: CallbackError) -> str:
     return str(error) if same else f"{error}\n{error.detail}"
 
 
-def env_reply(value: Any) -> Reply:
+def env_reply(value: object) -> Reply:
     """What `respond` returned as a `Reply` (a str is one user message)."""
     if value is None:
         return Reply()
@@ -92,10 +91,7 @@ def tool_metrics(results: Iterable[ToolCallResult]) -> dict[str, float]:
 
 def toolbox_of(episode: Episode) -> dict[str, Tool]:
     """The episode's tools by name; a plain function runs under the episode's tool timeout."""
-    return as_tools(
-        t if isinstance(t, Tool) else tool(t, timeout_s=episode.tool_timeout_s)
-        for t in episode.tools
-    )
+    return as_tools(episode.tools, timeout_s=episode.tool_timeout_s)
 
 
 def episode_metrics(
@@ -119,7 +115,7 @@ def episode_metrics(
     }
 
 
-def _episode_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _episode_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     episode = inputs.get("episode")
     sampling = inputs.get("sampling")
     return {
@@ -135,16 +131,17 @@ def _episode_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _episode_output(trajectory: art.Trajectory) -> dict[str, Any]:
+def _episode_output(trajectory: art.Trajectory) -> dict[str, object]:
     return {"reward": trajectory.reward, "metrics": trajectory.metrics, "logs": trajectory.logs}
 
 
-def _turn_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _turn_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     trajectory = inputs["trajectory"]
+    assert isinstance(trajectory, art.Trajectory)
     return {"index": inputs.get("index"), "messages": trajectory.messages()}
 
 
-def _turn_output(sampled: tuple[Choice, int]) -> dict[str, Any]:
+def _turn_output(sampled: tuple[Choice, int]) -> dict[str, object]:
     choice, tokens = sampled
     return {**choice.message.model_dump(exclude_none=True), "completion_tokens": tokens}
 
@@ -155,7 +152,7 @@ async def sample_turn(
     trajectory: art.Trajectory,
     *,
     index: int,
-    tool_choice: str | dict[str, Any] | None,
+    tool_choice: str | dict[str, object] | None,
     sampling: SamplingConfig,
     step: int | None,
     limiter: asyncio.Semaphore | None,
@@ -163,7 +160,7 @@ async def sample_turn(
     """One request with the history so far (ART's `trajectory.messages()`) and the tools on
     the trajectory: the sampled `Choice` and its completion tokens."""
     seed = turn_seed(sampling.seed, index)
-    optional: dict[str, Any] = {
+    optional: dict[str, Any] = {  # keyword arguments for the SDK, sent only when set
         **({"tools": trajectory.tools} if trajectory.tools else {}),
         **({"tool_choice": tool_choice} if tool_choice is not None else {}),
         **({"seed": seed} if seed is not None else {}),
@@ -184,7 +181,7 @@ async def sample_turn(
     return response.choices[0], response.usage.completion_tokens if response.usage else 0
 
 
-async def call_back(episode: Episode, what: str, messages: list[dict[str, Any]]) -> Any:
+async def call_back(episode: Episode, what: str, messages: list[dict[str, object]]) -> object:
     """`respond` or `reward` on the episode so far, off the event loop under the episode's
     timeout; raises `CallbackError` saying what failed and why."""
     fn = episode.respond if what == "environment" else episode.reward
@@ -195,7 +192,7 @@ async def call_back(episode: Episode, what: str, messages: list[dict[str, Any]])
 
 
 @tracing.op("art_rlvr.env", inputs=tracing.env_inputs, output=tracing.env_output)
-async def ask_env(episode: Episode, messages: list[dict[str, Any]], index: int) -> Reply:
+async def ask_env(episode: Episode, messages: list[dict[str, object]], index: int) -> Reply:
     """`respond`'s answer to turn `index`; raises `CallbackError` if it fails or answers
     nonsense."""
     try:
@@ -204,7 +201,7 @@ async def ask_env(episode: Episode, messages: list[dict[str, Any]], index: int) 
         raise CallbackError(str(error)) from None
 
 
-async def judge(episode: Episode, messages: list[dict[str, Any]]) -> Score:
+async def judge(episode: Episode, messages: list[dict[str, object]]) -> Score:
     """`reward`'s verdict as a `Score` (a number in [0, 1] or a bool, as a reward may return);
     raises `CallbackError` if it fails or returns anything else."""
     try:
@@ -230,7 +227,7 @@ async def run_episode(
     *,
     sampling: SamplingConfig = SamplingConfig(),
     step: int | None = None,
-    metadata: dict[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
     """One episode as a single `art.Trajectory` holding every sampled `Choice`, judged by the

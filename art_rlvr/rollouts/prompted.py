@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import art
 import httpx
 import openai
 
-from art_rlvr.core.outcome import is_sampled
+from art_rlvr.core.outcome import art_message, is_sampled
+
+if TYPE_CHECKING:
+    from art.types import Message
 
 How = Literal["replaced", "inserted"]
 PROMPTING = (
@@ -32,13 +35,13 @@ PROMPTING = (
 )
 
 
-def with_system(messages: Sequence[Any], prompt: str) -> tuple[list[Any], How]:
+def with_system[M](messages: Sequence[M], prompt: str) -> tuple[list[M | Message], How]:
     """`messages` with `prompt` as the system message: the first message's content replaced
     when it is a system message, else a system message inserted before it."""
     first = messages[0] if messages else None
     if isinstance(first, Mapping) and first.get("role") == "system":
-        return [{**first, "content": prompt}, *messages[1:]], "replaced"
-    return [{"role": "system", "content": prompt}, *messages], "inserted"
+        return [art_message({**first, "content": prompt}), *messages[1:]], "replaced"
+    return [art_message({"role": "system", "content": prompt}), *messages], "inserted"
 
 
 def chat_body(request: httpx.Request) -> dict[str, Any] | None:
@@ -101,7 +104,7 @@ def as_sent(trajectory: art.Trajectory, prompt: str) -> art.Trajectory:
     return trajectory
 
 
-def carries(messages: Sequence[Any], prompt: str) -> bool:
+def carries(messages: Sequence[object], prompt: str) -> bool:
     """Whether a request's messages open with `prompt` as their system message."""
     first = messages[0] if messages else None
     return (

@@ -11,8 +11,7 @@ last reply. Groups go through ART's `trajectory_group` and `gather_trajectory_gr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 import art
 
@@ -33,8 +32,10 @@ from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.scenarios.scenario import Example
 
 
-def about(example: Example, system_prompt: str, extra: dict[str, Any] | None) -> dict[str, Any]:
-    """The metadata every rollout carries: which record, split and task, under which prompt."""
+def about(
+    example: Example, system_prompt: str, extra: Mapping[str, object] | None
+) -> dict[str, object]:
+    """The metadata every rollout carries: which record, split and scenario, under which prompt."""
     return {
         "scenario_id": example.id,
         "split": example.split,
@@ -52,7 +53,7 @@ async def run_function(
     sampling: SamplingConfig,
     step: int | None,
     messages: list[dict[str, str]] | None,
-    metadata: dict[str, Any] | None,
+    metadata: Mapping[str, object] | None,
     limiter: asyncio.Semaphore | None,
 ) -> art.Trajectory:
     """The record through the scenario's rollout function, given what it may receive."""
@@ -81,7 +82,7 @@ async def rollout(
     sampling: SamplingConfig = SamplingConfig(),
     step: int | None = None,
     messages: list[dict[str, str]] | None = None,
-    metadata: dict[str, Any] | None = None,
+    metadata: Mapping[str, object] | None = None,
     limiter: asyncio.Semaphore | None = None,
 ) -> art.Trajectory:
     """One scored episode of `scenario` under `system_prompt` (or from explicit opening
@@ -95,7 +96,8 @@ async def rollout(
         )  # fmt: skip
     episode = example.episode(system_prompt, messages)
     opening = episode.messages
-    s = opening[0]["content"] if opening and opening[0]["role"] == "system" else ""
+    content = opening[0]["content"] if opening and opening[0]["role"] == "system" else ""
+    s = content if isinstance(content, str) else ""
     trajectory = await run_episode(
         model,
         episode,

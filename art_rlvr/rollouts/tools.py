@@ -37,7 +37,7 @@ DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_CHARS = 4000
 
 ToolStatus = Literal["ok", "error", "timeout", "invalid_arguments", "unknown_tool"]
-ToolChoice = Literal["none", "auto", "required"] | str | dict[str, Any]
+ToolChoice = Literal["none", "auto", "required"] | str | dict[str, object]
 
 
 @runtime_checkable
@@ -47,9 +47,9 @@ class DeclaredTool(Protocol):
 
     name: str
     description: str
-    input_schema: dict[str, Any]
+    input_schema: dict[str, object]
 
-    def __call__(self, **arguments: Any) -> Any: ...
+    def __call__(self, **arguments: object) -> object: ...
 
 
 class _AnyObject(BaseModel):
@@ -69,15 +69,15 @@ class Tool(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
     description: str = ""
-    fn: Callable[..., Any]
+    fn: Callable[..., object]
     arguments: type[BaseModel]
     positional: tuple[str, ...] = ()  # positional-only parameters, in order
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
     max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1)
-    input_schema: dict[str, Any] | None = None  # declared by the tool itself (`DeclaredTool`)
+    input_schema: dict[str, object] | None = None  # declared by the tool itself (`DeclaredTool`)
 
     @property
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self) -> dict[str, object]:
         """The JSON schema of the arguments, without pydantic's generated titles (noise to a
         model reading the prompt)."""
         schema = (
@@ -91,7 +91,7 @@ class Tool(BaseModel):
         return schema
 
     @property
-    def definition(self) -> dict[str, Any]:
+    def definition(self) -> dict[str, object]:
         """The entry for the request's `tools` list (and `Trajectory.tools`)."""
         function = {"name": self.name, "parameters": self.parameters}
         if self.description:
@@ -100,7 +100,7 @@ class Tool(BaseModel):
 
 
 def tool(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     *,
     name: str | None = None,
     description: str | None = None,
@@ -126,7 +126,7 @@ def tool(
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     described = {p.arg_name: " ".join((p.description or "").split()) for p in doc.params}
     signature = inspect.signature(fn, eval_str=True)
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # pydantic field definitions, built at run time
     positional: list[str] = []
     for i, param in enumerate(signature.parameters.values()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -158,16 +158,26 @@ def tool(
     )
 
 
-def as_tools(items: Iterable[Callable[..., Any] | Tool]) -> dict[str, Tool]:
-    """Tools by name from functions or `Tool`s; two tools with one name are an error."""
-    tools = [item if isinstance(item, Tool) else tool(item) for item in items]
+def as_tool(item: object, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Tool:
+    """A `Tool` as it is, or one from a function that runs under `timeout_s`."""
+    if isinstance(item, Tool):
+        return item
+    if not callable(item):
+        raise TypeError(f"{item!r} is neither a function nor a Tool")
+    return tool(item, timeout_s=timeout_s)
+
+
+def as_tools(items: Iterable[object], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Tool]:
+    """Tools by name from functions (run under `timeout_s`) or `Tool`s; two tools with one name
+    are an error."""
+    tools = [as_tool(item, timeout_s=timeout_s) for item in items]
     names = [t.name for t in tools]
     if duplicates := sorted({n for n in names if names.count(n) > 1}):
         raise ValueError(f"two tools share a name: {', '.join(duplicates)}")
     return {t.name: t for t in tools}
 
 
-def tool_choice_param(choice: ToolChoice | None) -> str | dict[str, Any] | None:
+def tool_choice_param(choice: ToolChoice | None) -> str | dict[str, object] | None:
     """`tool_choice` as the API takes it: "none" / "auto" / "required", a tool's name (a named
     function choice), or a dict passed through."""
     if choice is None or isinstance(choice, dict) or choice in ("none", "auto", "required"):
@@ -200,7 +210,7 @@ class ToolCallResult(BaseModel):
         return {"role": "tool", "tool_call_id": self.tool_call_id, "content": self.content}
 
 
-def render(value: Any) -> str:
+def render(value: object) -> str:
     """A tool's return value as text for the model."""
     if isinstance(value, str):
         return value
@@ -218,7 +228,7 @@ class ArgumentError(ValueError):
     """Arguments the model sent that cannot be passed to the tool."""
 
 
-def bind_arguments(tool: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
+def bind_arguments(tool: Tool, raw: str) -> tuple[list[object], dict[str, object]]:
     """Positional and keyword arguments for `tool` from the model's JSON string (an empty
     string is no arguments); raises `ArgumentError` with a message meant for the model."""
     if tool.input_schema is not None:
@@ -248,7 +258,7 @@ def bind_arguments(tool: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
     return args, values
 
 
-def declared_arguments(tool: Tool, raw: str) -> dict[str, Any]:
+def declared_arguments(tool: Tool, raw: str) -> dict[str, object]:
     """A `DeclaredTool`'s keyword arguments: the model's JSON object as it is."""
     try:
         value = json.loads(raw.strip() or "{}")
@@ -262,7 +272,7 @@ def declared_arguments(tool: Tool, raw: str) -> dict[str, Any]:
     return value
 
 
-def _call_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _call_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     call = inputs.get("call")
     function = getattr(call, "function", None)
     return {
@@ -272,7 +282,7 @@ def _call_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _call_output(result: ToolCallResult) -> dict[str, Any]:
+def _call_output(result: ToolCallResult) -> dict[str, object]:
     return result.model_dump(exclude={"tool_call_id", "arguments"})
 
 
@@ -285,7 +295,7 @@ class _CallId(TypedDict):
 
 
 @tracing.op("art_rlvr.tool", inputs=_call_inputs, output=_call_output)
-async def call_tool(tools: Mapping[str, Tool], call: Any) -> ToolCallResult:
+async def call_tool(tools: Mapping[str, Tool], call: object) -> ToolCallResult:
     """Run one tool call from a model's message (an OpenAI SDK tool call, or anything with
     `.id` and `.function.name/.arguments`); every failure is a result, not an exception."""
     function = getattr(call, "function", None)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors", "illegal_actions", "turn_cap_hit")
 
 
-def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def episode_means(metrics: Iterable[Mapping[str, object]]) -> dict[str, float]:
     """Means over episodes of the multi-turn counts (`turns_per_episode`, ...), each over the
     episodes that report it: none for single-turn rollouts, whose records stay as they were."""
     rows = list(metrics)
@@ -33,7 +33,7 @@ def episode_means(metrics: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def line(self) -> dict[str, Any]:
+    def line(self) -> dict[str, object]:
         """The flat JSON object written to metrics.jsonl."""
         return self.model_dump(mode="json")
 
@@ -187,7 +187,7 @@ class RecordError(ValueError):
     """A metrics line that parses as JSON but is no known event."""
 
 
-def parse_event(data: dict[str, Any]) -> Event:
+def parse_event(data: dict[str, object]) -> Event:
     try:
         return EVENT.validate_python(data)
     except ValidationError as error:
@@ -231,8 +231,8 @@ class RunSummary(BaseModel):
     # in training_tokens (their metrics lines say `recovered_after_kill`)
     recovered_steps: list[int] | None = None
     seconds_per_step_median: float | None = None
-    alarms: list[dict[str, Any]] = Field(default_factory=list)
-    early_stop: dict[str, Any] | None = None
+    alarms: list[dict[str, object]] = Field(default_factory=list)
+    early_stop: dict[str, object] | None = None
     reflection_calls: int | None = None
     reflection_errors: int | None = None
     teacher_calls: int | None = None

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import art
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """temp file + fsync + rename: readers see the old or the new file, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -73,7 +73,7 @@ def drop_torn_tail(path: Path) -> bool:
     return True
 
 
-def event_key(event: _Event) -> tuple[Any, ...] | None:
+def event_key(event: _Event) -> tuple[object, ...] | None:
     """What makes an event the same record when a resumed run redoes its work (None: every
     one is new). Two evaluations of one step differ by split, tag, policy or sample count."""
     match event:
@@ -99,7 +99,7 @@ def event_key(event: _Event) -> tuple[Any, ...] | None:
     return None
 
 
-def _line_key(line: dict[str, Any]) -> tuple[Any, ...] | None:
+def _line_key(line: dict[str, object]) -> tuple[object, ...] | None:
     try:
         return event_key(parse_event(line))
     except ValueError:  # not an event of ours (a raw metrics line)
@@ -119,7 +119,7 @@ def restore_text(path: Path, text: str | None) -> None:
     tmp.replace(path)
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: dict[str, object]) -> None:
     """One JSON line, flushed and fsynced: a crash keeps every line that was written whole."""
     with path.open("a") as handle:
         handle.write(json.dumps(record, sort_keys=True, default=float) + "\n")
@@ -127,7 +127,7 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, object]]:
     """The objects of a JSONL file; a line a crash cut short (or anything not an object) is
     skipped."""
     if not path.exists():
@@ -148,7 +148,7 @@ class RunFiles:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._tail_checked = False
-        self._keys: set[tuple[Any, ...]] | None = None  # keys of the events in metrics.jsonl
+        self._keys: set[tuple[object, ...]] | None = None  # keys of the events in metrics.jsonl
         for stale in root.glob(".*.json.*"):  # write_json_atomic's temp file, left by a kill
             stale.unlink(missing_ok=True)
         for stale in root.glob("trajectories/*.jsonl.tmp"):
@@ -158,7 +158,7 @@ class RunFiles:
     def art_path(self) -> Path:
         return self.root / ".art"
 
-    def write_json(self, name: str, data: Any) -> None:
+    def write_json(self, name: str, data: object) -> None:
         write_json_atomic(self.root / name, data)
 
     def read_json(self, name: str) -> Any | None:
@@ -247,14 +247,14 @@ class RunFiles:
         path = self.root / "metrics.jsonl"
         return parse_events(path.read_text().splitlines()) if path.exists() else []
 
-    def append_metrics(self, record: dict[str, Any]) -> None:
+    def append_metrics(self, record: dict[str, object]) -> None:
         """One JSON line per event; fsynced so a crash keeps every finished line."""
         if not self._tail_checked:
             drop_torn_tail(self.root / "metrics.jsonl")
             self._tail_checked = True
         append_jsonl(self.root / "metrics.jsonl", record)
 
-    def metrics(self) -> list[dict[str, Any]]:
+    def metrics(self) -> list[dict[str, object]]:
         return read_jsonl(self.root / "metrics.jsonl")
 
     def write_trajectories(self, name: str, groups: list[art.TrajectoryGroup]) -> Path:

@@ -181,7 +181,11 @@ class RunFolder(_Frozen):
         if summary is not None and summary.early_stop:
             listed.append({"kind": "early_stop", **summary.early_stop})
         found += [
-            (str(a.get("kind") or "alarm"), a.get("step"), str(a.get("message") or ""))
+            (
+                str(a.get("kind") or "alarm"),
+                step if isinstance(step := a.get("step"), int) else None,
+                str(a.get("message") or ""),
+            )
             for a in listed
         ]
         out: dict[tuple[str, int | None, str], Alarm] = {}
@@ -285,14 +289,14 @@ def read_run_folder(root: Path) -> RunFolder:
     )
 
 
-def _parsed[M: BaseModel](model: type[M], data: Any) -> M | None:
+def _parsed[M: BaseModel](model: type[M], data: object) -> M | None:
     try:
         return model.model_validate(data)
     except ValidationError:
         return None
 
 
-def _event(data: dict[str, Any]) -> Event | None:
+def _event(data: dict[str, object]) -> Event | None:
     try:
         return parse_event(data)
     except RecordError:
@@ -383,7 +387,7 @@ def _proposal(phase: str, e: dict[str, Any], prompts: dict[int, str]) -> Proposa
     )
 
 
-def number(value: Any) -> float | None:
+def number(value: object) -> float | None:
     """A JSON value as a float when it is a number (never a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 

@@ -26,6 +26,7 @@ from art_rlvr.core.types import correct_from
 
 if TYPE_CHECKING:
     import art
+    from openai.types.chat.chat_completion import Choice
 
 FORMAT: Final = "art_rlvr.trajectory_group/1"
 _CHOICE_KEYS = {"finish_reason", "index", "message"}  # ART's test for a choice dict
@@ -221,7 +222,7 @@ def read_groups(path: Path) -> list[StoredGroup]:
     return groups
 
 
-def parse_group(raw: Any) -> StoredGroup:
+def parse_group(raw: object) -> StoredGroup:
     """A stored group from a line's JSON value (an old-layout row as a group of one)."""
     if not isinstance(raw, dict):
         raise TrajectoryFileError("not a JSON object")
@@ -266,13 +267,14 @@ def legacy_trajectory(row: Mapping[str, Any]) -> StoredTrajectory:
     )
 
 
-def message_of(item: Mapping[str, Any]) -> Message:
+def message_of(item: Mapping[str, object]) -> Message:
     """An item of `messages_and_choices` as a `Message` (a choice dict: its assistant
     message, marked sampled)."""
     sampled = _is_choice(item)
     inner = item["message"] if sampled else None
-    m: Mapping[str, Any] = inner if isinstance(inner, dict) else item
-    calls = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+    m: Mapping[str, object] = inner if isinstance(inner, dict) else item
+    listed = m.get("tool_calls") or []
+    calls = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
     content = m.get("content")
     return Message(
         role="assistant" if sampled else str(m.get("role", "?")),
@@ -284,7 +286,7 @@ def message_of(item: Mapping[str, Any]) -> Message:
     )
 
 
-def _tool_call(call: Mapping[str, Any]) -> ToolCall:
+def _tool_call(call: Mapping[str, object]) -> ToolCall:
     """An OpenAI-shaped call (`function.name`, `function.arguments`), arguments kept as text."""
     function = fn if isinstance(fn := call.get("function"), dict) else {}
     arguments = function.get("arguments", "")
@@ -295,15 +297,15 @@ def _tool_call(call: Mapping[str, Any]) -> ToolCall:
     )
 
 
-def _is_choice(item: Mapping[str, Any]) -> bool:
+def _is_choice(item: Mapping[str, object]) -> bool:
     return item.keys() >= _CHOICE_KEYS
 
 
-def _restored(items: list[JsonDict]) -> list[Any]:
+def _restored(items: list[JsonDict]) -> list[Choice | JsonDict]:
     from openai.types.chat.chat_completion import Choice
 
     return [Choice.model_validate(i) if _is_choice(i) else i for i in items]
 
 
-def _dicts(value: Any) -> list[JsonDict]:
+def _dicts(value: object) -> list[JsonDict]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -101,7 +100,7 @@ class Mixture:
 
 
 def load_scenarios(
-    text: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
+    text: str, *, seed: int = 0, overrides: dict[str, object] | None = None
 ) -> Scenario | Mixture:
     """One scenario (`arith`), or a mixture (`arith:2,gsm8k:1`) whose members each get the
     `[source]` overrides."""

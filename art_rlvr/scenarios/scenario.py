@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from art_rlvr.core.callbacks import CallbackTimeout, call_within, within
 from art_rlvr.core.text import did_you_mean
-from art_rlvr.core.types import CORRECT_THRESHOLD, Episode, correct_rule
+from art_rlvr.core.types import CORRECT_THRESHOLD, Episode, Messages, correct_rule
 from art_rlvr.observe import tracing
 from art_rlvr.scenarios.environments import Environment, EnvironmentConfigError, make_environment
 from art_rlvr.scenarios.environments.rollout_fn import (
@@ -70,7 +70,7 @@ class RewardSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, object] = Field(default_factory=dict)
     timeout_s: float | None = Field(default=None, gt=0)
 
     @property
@@ -90,7 +90,7 @@ class EnvironmentSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, object] = Field(default_factory=dict)
     max_turns: int | None = Field(default=None, ge=1, le=256)  # default: the environment's
     timeout_s: float = Field(default=30.0, gt=0)  # each call of respond / reward
     tool_timeout_s: float = Field(default=10.0, gt=0)  # each tool call
@@ -120,7 +120,7 @@ class ScenarioSpec(BaseModel):
     system_prompt: str = ""
     user_template: str | None = None  # required unless the environment opens episodes
     id_field: str | None = None
-    source: dict[str, Any]
+    source: dict[str, object]
     reward: RewardSpec | None = None  # required unless the environment scores episodes
     environment: EnvironmentSpec | None = None
     rollout: RolloutSpec | None = None  # a user's ART rollout function runs each record
@@ -131,18 +131,18 @@ class ScenarioSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Example:
-    """One record of a task: `x` is opaque; `task` knows how to render and score it."""
+    """One record of a scenario: `x` is opaque; `scenario` knows how to render and score it."""
 
     id: str
     split: str
-    x: dict[str, Any] = field(repr=False)
+    x: dict[str, object] = field(repr=False)
     scenario: Scenario = field(repr=False, compare=False)
 
     def messages(self, system_prompt: str | None = None) -> list[dict[str, str]]:
         return self.scenario.render(self, system_prompt)
 
     def episode(
-        self, system_prompt: str | None = None, messages: list[dict[str, Any]] | None = None
+        self, system_prompt: str | None = None, messages: Messages | None = None
     ) -> Episode:
         """How this record runs under `system_prompt` (or from explicit opening `messages`)."""
         return self.scenario.episode(self, system_prompt, messages)
@@ -179,7 +179,7 @@ class Scenario:
 
     @property
     def correct_rule(self) -> str:
-        """How this task's episodes are judged correct, in words (run files, the report)."""
+        """How this scenario's episodes are judged correct, in words (run files, the report)."""
         declared = self.spec.rollout is not None and (
             "correct_threshold" in self.spec.rollout.model_fields_set
         )
@@ -218,7 +218,7 @@ class Scenario:
         self,
         example: Example,
         system_prompt: str | None = None,
-        messages: list[dict[str, Any]] | None = None,
+        messages: Messages | None = None,
     ) -> Episode:
         opening = messages if messages is not None else self.render(example, system_prompt)
         env, spec = self.environment, self.spec.environment
@@ -237,7 +237,7 @@ class Scenario:
 
     def scorer(
         self, example: Example, completion: str
-    ) -> tuple[Callable[..., Any], tuple[Any, ...], float | None]:
+    ) -> tuple[Callable[..., object], tuple[object, ...], float | None]:
         """The reward to call, its arguments and its timeout (None: a built-in reward, which
         bounds itself)."""
         if self.reward is None:
@@ -314,7 +314,7 @@ def _where(path: Path, text: str, loc: tuple[str | int, ...]) -> str:
 
 
 def load_scenario(
-    name_or_path: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
+    name_or_path: str, *, seed: int = 0, overrides: dict[str, object] | None = None
 ) -> Scenario:
     """Load a scenario by built-in name or path; `overrides` patch its `[source]` table."""
     path = _locate(name_or_path)
@@ -369,8 +369,10 @@ def load_scenario(
     return scenario
 
 
-def fill_splits(scenario: Scenario, records: dict[str, list[dict[str, Any]]], path: Path) -> None:
-    """The task's scenarios, split by split, each record checked against `user_template`."""
+def fill_splits(
+    scenario: Scenario, records: dict[str, list[dict[str, object]]], path: Path
+) -> None:
+    """The scenario's examples, split by split, each record checked against `user_template`."""
     spec = scenario.spec
     needed = _template_fields(spec.user_template or "")
     for split in SPLITS:
@@ -413,9 +415,9 @@ def load_rollout(spec: ScenarioSpec, path: Path, text: str) -> RolloutFunction |
 
 
 def rollout_scenario(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     *,
-    source: dict[str, Any],
+    source: dict[str, object],
     name: str | None = None,
     system_prompt: str = "",
     timeout_s: float = 300.0,
@@ -449,7 +451,7 @@ def rollout_scenario(
 
 
 def source_of(
-    raw: dict[str, Any], where: str, error_text: Callable[[ValidationError, str], str]
+    raw: dict[str, object], where: str, error_text: Callable[[ValidationError, str], str]
 ) -> tuple[Any, Any]:
     """A `[source]` table validated against its type's schema, and that type's loader; `where`
     says where the type was set, `error_text` words a schema error (kind given)."""
@@ -466,7 +468,7 @@ def source_of(
         raise ScenarioFileError(error_text(error, kind)) from None
 
 
-def _source_where(path: Path, text: str, key: str, overrides: dict[str, Any]) -> str:
+def _source_where(path: Path, text: str, key: str, overrides: dict[str, object]) -> str:
     """Where a `[source]` key was set, and the key: `source.k=v (command line)` when the
     command line set it, else `file:line: source.k`."""
     if key in overrides:
@@ -475,7 +477,7 @@ def _source_where(path: Path, text: str, key: str, overrides: dict[str, Any]) ->
 
 
 def source_error(
-    error: ValidationError, kind: str, path: Path, text: str, overrides: dict[str, Any]
+    error: ValidationError, kind: str, path: Path, text: str, overrides: dict[str, object]
 ) -> str:
     """A `[source]` table's first error on one line: where it was set (file:line or the command
     line), the key, and for an unknown key the closest known one and the list."""
@@ -495,7 +497,7 @@ def source_error(
 
 
 def reward_problem(scenario: Scenario) -> str | None:
-    """Why a user's reward cannot score this task, found by calling it once on the first record
+    """Why a user's reward cannot score this scenario, found by calling it once on the first record
     with an empty reply (what a model may well answer): it raises, or it returns something that
     is no score. None when it is fine. Found here, this costs milliseconds; found in the run, it
     costs a model load and a round of generation first."""
@@ -539,7 +541,7 @@ def load_environment(spec: ScenarioSpec, path: Path, text: str) -> Environment |
     return environment
 
 
-def tool_choice_problem(choice: str | None, tools: Sequence[Callable[..., Any]]) -> str | None:
+def tool_choice_problem(choice: str | None, tools: Sequence[Callable[..., object]]) -> str | None:
     """Why `choice` cannot be asked for with `tools` (a server would answer every request with
     a 400, so every episode would error), or None."""
     if choice is None or choice in ("auto", "none", "required"):

@@ -21,9 +21,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import art
 
 Action = Literal["reply", "error", "reset", "malformed", "empty", "truncated"]
 
@@ -50,7 +53,7 @@ class Step(BaseModel):
     tool_calls: tuple[ScriptedCall, ...] = ()
 
     @classmethod
-    def calls(cls, *calls: tuple[str, str | dict[str, Any]], text: str | None = None) -> Step:
+    def calls(cls, *calls: tuple[str, str | dict[str, object]], text: str | None = None) -> Step:
         """A reply whose message calls tools (finish_reason "tool_calls"): each call is
         (name, arguments), a dict sent as JSON or a string sent as is."""
         return cls(
@@ -101,12 +104,13 @@ class Recorded:
     step: int | None
     path: str
     headers: dict[str, str]
-    body: dict[str, Any] | None
+    body: dict[str, object] | None
     at: float
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
-        return list((self.body or {}).get("messages", []))
+    def messages(self) -> list[dict[str, object]]:
+        messages = (self.body or {}).get("messages", [])
+        return list(messages) if isinstance(messages, list) else []
 
     @property
     def last_user_text(self) -> str:
@@ -125,7 +129,9 @@ class _Script:
     seen: dict[str, int] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
 
-    def take(self, path: str, headers: dict[str, str], body: dict[str, Any] | None) -> Step | None:
+    def take(
+        self, path: str, headers: dict[str, str], body: dict[str, object] | None
+    ) -> Step | None:
         """The step for this request (None: the script is exhausted), recorded under the lock."""
         with self.lock:
             key = json.dumps((body or {}).get("messages"), sort_keys=True)
@@ -151,9 +157,9 @@ def completion_payload(
     model: str,
     finish_reason: str = "stop",
     tool_calls: tuple[ScriptedCall, ...] = (),
-) -> dict[str, Any]:
+) -> dict[str, object]:
     words = len((text or "").split())
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    message: dict[str, object] = {"role": "assistant", "content": text}
     if tool_calls:
         message["tool_calls"] = [
             {
@@ -184,7 +190,7 @@ def _handler(script: _Script) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
+        def log_message(self, format: str, *args: object) -> None:  # quiet
             return
 
         def _send(self, status: int, payload: bytes, headers: dict[str, str] | None = None) -> None:
@@ -293,7 +299,7 @@ class ScriptedServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def role(self, key_env: str, **settings: Any) -> dict[str, Any]:
+    def role(self, key_env: str, **settings: Any) -> dict[str, object]:
         """A reflection LM's or teacher's settings pointing at this server (its key read from
         `key_env`, which the caller sets)."""
         return {"model": "openai/scripted", "api_base": self.base_url, "api_key_env": key_env,
@@ -330,7 +336,7 @@ class ScriptedServer:
         self.close()
 
 
-def scripted_model(server: ScriptedServer, name: str = "episodes") -> Any:
+def scripted_model(server: ScriptedServer, name: str = "episodes") -> art.Model:
     """An `art.Model` whose inference endpoint is the scripted server: what a rollout talks to
     when the test writes the replies (ART imported here, not at module load)."""
     import art

@@ -8,6 +8,7 @@ records every request. Point weave at it with `WF_TRACE_SERVER_URL` and `WANDB_B
 
 from __future__ import annotations
 
+import email.message
 import gzip
 import hashlib
 import json
@@ -22,14 +23,14 @@ from typing import Any
 class TraceRequest:
     method: str
     path: str
-    body: Any
+    body: object
 
 
-def _digest(body: Any) -> str:
+def _digest(body: object) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _reply(path: str, body: Any) -> Any:
+def _reply(path: str, body: Any) -> object:  # JSON a test client sent
     """A plausible answer for each endpoint weave calls; `{}` for the rest."""
     path = path.split("?")[0].rstrip("/")
     if path.endswith("/server_info"):
@@ -67,7 +68,7 @@ def op_short_name(op_name: str) -> str:
     return op_name.rsplit("/", 1)[-1].split(":", 1)[0]
 
 
-def _decode(raw: bytes, headers: Any) -> Any:
+def _decode(raw: bytes, headers: email.message.Message) -> object:
     if headers.get("Content-Encoding") == "gzip":
         raw = gzip.decompress(raw)
     if not raw:
@@ -87,7 +88,7 @@ class RecordingTraceServer:
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # quiet
+            def log_message(self, format: str, *args: object) -> None:  # quiet
                 return
 
             def _handle(self, method: str) -> None:
@@ -122,12 +123,12 @@ class RecordingTraceServer:
         with self._lock:
             return list(self._requests)
 
-    def calls(self) -> list[dict[str, Any]]:
+    def calls(self) -> list[dict[str, object]]:
         """Every traced call (op name, inputs, output, parent), whichever way weave sent it:
         complete-call batches (weave 0.54) or start/end records merged by call id."""
-        complete: list[dict[str, Any]] = []
-        starts: dict[str, dict[str, Any]] = {}
-        ends: dict[str, dict[str, Any]] = {}
+        complete: list[dict[str, object]] = []
+        starts: dict[str, dict[str, object]] = {}
+        ends: dict[str, dict[str, object]] = {}
         for request in self.requests:
             body = request.body if isinstance(request.body, dict) else {}
             if request.path.endswith("/calls/complete"):
@@ -147,7 +148,7 @@ class RecordingTraceServer:
                         ends[req["end"]["id"]] = req["end"]
         merged = [{**start, **(ends.get(call_id) or {})} for call_id, start in starts.items()]
         calls = complete + merged
-        return [{**call, "name": op_short_name(call.get("op_name", ""))} for call in calls]
+        return [{**call, "name": op_short_name(str(call.get("op_name", "")))} for call in calls]
 
     def close(self) -> None:
         self._server.shutdown()

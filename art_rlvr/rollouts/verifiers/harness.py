@@ -67,10 +67,10 @@ def sampling_of(ctx: vf.ModelContext) -> SamplingConfig:
     )
 
 
-def opening(system: str | None, prompt: Any) -> list[dict[str, Any]]:
+def opening(system: str | None, prompt: Any) -> list[dict[str, object]]:
     """The episode's first messages: the task's system prompt, then its prompt (text or
     messages, as verifiers' `resolve_prompt` gives them)."""
-    head = [{"role": "system", "content": system}] if system else []
+    head: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []
     if isinstance(prompt, str):
         return [*head, {"role": "user", "content": prompt}]
     return [*head, *(m.model_dump(exclude_none=True) for m in prompt or [])]

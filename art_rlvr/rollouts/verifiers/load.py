@@ -31,12 +31,13 @@ import os
 import random
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from art_rlvr.core.types import Record
 from art_rlvr.rollouts.verifiers.spec import (
     HARNESS,
     PREFIX,
@@ -53,6 +54,8 @@ from art_rlvr.scenarios.sources import ScenarioFileError
 
 if TYPE_CHECKING:
     import art
+
+    from art_rlvr.rollouts.functions import RolloutContext
 
 CHOICE_FINISH = ("stop", "length", "tool_calls")
 
@@ -73,7 +76,7 @@ def import_verifiers() -> Any:
     return vf
 
 
-def seat_config(spec: VerifiersSpec, settings: dict[str, Any]) -> dict[str, Any]:
+def seat_config(spec: VerifiersSpec, settings: dict[str, Any]) -> dict[str, object]:
     """One seat's agent config: the file's settings for it, on the chosen harness (its
     settings merged) in a local subprocess runtime, under the episode timeout."""
     harness = {"id": spec.harness, **spec.harness_args, **settings.get("harness", {})}
@@ -88,7 +91,7 @@ def seat_config(spec: VerifiersSpec, settings: dict[str, Any]) -> dict[str, Any]
     return seat
 
 
-def env_config(spec: VerifiersSpec, seats: Iterable[str]) -> dict[str, Any]:
+def env_config(spec: VerifiersSpec, seats: Iterable[str]) -> dict[str, object]:
     """The Env config verifiers validates: the taskset, and each seat the Env declares."""
     settings = spec.seat_settings
     return {
@@ -200,7 +203,7 @@ def short_ids(tasks: list[Any]) -> list[str]:
     return short if len(set(short)) == len(short) else [t.key for t in tasks]
 
 
-def records_of(spec: VerifiersSpec, tasks: list[Any]) -> dict[str, list[dict[str, Any]]]:
+def records_of(spec: VerifiersSpec, tasks: list[Any]) -> dict[str, list[dict[str, object]]]:
     """The tasks as records, split: `id` (from the task's stable key), `index` in the taskset,
     and its data as JSON. The order is seeded (`shuffle_seed`), so a split never moves."""
     order = list(range(len(tasks)))
@@ -217,7 +220,7 @@ def records_of(spec: VerifiersSpec, tasks: list[Any]) -> dict[str, list[dict[str
     }
 
 
-def record(task: Any, ident: str, index: int) -> dict[str, Any]:
+def record(task: Any, ident: str, index: int) -> dict[str, object]:
     data = task.data.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
     return {"id": ident, "index": index, "data": data}
 
@@ -280,7 +283,7 @@ def build_scenario(
 def verifiers_scenario(
     id: str,
     *,
-    args: dict[str, Any] | None = None,
+    args: Mapping[str, object] | None = None,
     name: str | None = None,
     system_prompt: str | None = None,
     max_tokens: int | None = None,
@@ -291,7 +294,7 @@ def verifiers_scenario(
     are the rest of `VerifiersSpec` (`splits`, `env_args`, `harness`, `timeout_s`, ...).
     `system_prompt` replaces every task's (default: the one they share)."""
     try:
-        spec = VerifiersSpec(id=id, args=args or {}, **options)
+        spec = VerifiersSpec(id=id, args=dict(args or {}), **options)
     except ValidationError as error:
         raise ScenarioFileError(f"verifiers {error_line(error, '[verifiers]')}") from None
     try:
@@ -306,7 +309,7 @@ def verifiers_scenario(
 TOP_KEYS = {"name", "description", "system_prompt", "max_tokens", "verifiers"}
 
 
-def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Scenario:
+def load_file(path: Path, text: str, overrides: dict[str, object]) -> Scenario:
     """A scenario file with a `[verifiers]` table; errors name the file and line."""
     raw = tomllib.loads(text)
     if unknown := sorted(set(raw) - TOP_KEYS):
@@ -338,7 +341,7 @@ def load_file(path: Path, text: str, overrides: dict[str, Any]) -> Scenario:
 
 
 def load_any(
-    text: str, *, seed: int = 0, overrides: dict[str, Any] | None = None
+    text: str, *, seed: int = 0, overrides: dict[str, object] | None = None
 ) -> Scenario | Mixture:
     """What `scenario=` names: `verifiers:<taskset>` (`source.<key>=` overrides become the
     taskset's config), a scenario file with a `[verifiers]` table, or any other scenario or
@@ -431,14 +434,14 @@ class VerifiersRunner:
             stop.set()
             await asyncio.gather(owner, return_exceptions=True)
 
-    def task_for(self, record: dict[str, Any], system_prompt: str) -> Any:
-        task = self.tasks[record["id"]]
+    def task_for(self, record: Record, system_prompt: str | None) -> Any:
+        task = self.tasks[str(record["id"])]
         if self.keep is None or system_prompt != self.keep:
             return task.with_system_prompt(system_prompt)
         return task
 
     async def __call__(
-        self, model: art.Model, record: dict[str, Any], context: Any
+        self, model: art.Model, record: Record, context: RolloutContext
     ) -> art.Trajectory:
         vf = import_verifiers()
         base_url = getattr(model, "inference_base_url", None)
@@ -464,7 +467,7 @@ class VerifiersRunner:
         return trajectory_of(episode, self.seat)
 
 
-def message_dict(message: Any) -> dict[str, Any]:
+def message_dict(message: Any) -> dict[str, object]:
     """A verifiers message as an OpenAI chat message."""
     m = message.model_dump(exclude_none=True)
     m.pop("reasoning_content", None)

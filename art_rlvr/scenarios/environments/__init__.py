@@ -1,7 +1,6 @@
 """Multi-turn environments for scenarios, found by name from a TOML `[environment]` table."""
 
 from collections.abc import Mapping
-from typing import Any
 
 from art_rlvr.scenarios.environments import (
     arith_retry,
@@ -30,7 +29,7 @@ ENVIRONMENTS: dict[str, EnvironmentFactory] = {
 }
 
 
-def make_environment(name: str, params: Mapping[str, Any] | None = None) -> Environment:
+def make_environment(name: str, params: Mapping[str, object] | None = None) -> Environment:
     return build_environment(name, dict(params or {}), ENVIRONMENTS)
 
 

@@ -10,8 +10,7 @@ raise ends that episode with zero reward and the reason in its logs, never the r
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,10 +33,10 @@ class Environment(BaseModel):
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    opening: Callable[[Record], list[dict[str, Any]]] | None = None
+    opening: Callable[[Record], Sequence[Mapping[str, str]]] | None = None
     respond: Respond | None = None
     reward: EpisodeReward | None = None
-    tools: tuple[Callable[..., Any], ...] = ()
+    tools: tuple[Callable[..., object], ...] = ()
     max_turns: int = Field(default=8, ge=1)
 
 
@@ -49,7 +48,7 @@ EnvironmentFactory = Callable[..., Environment]
 
 
 def build_environment(
-    name: str, params: Mapping[str, Any], registry: Mapping[str, EnvironmentFactory]
+    name: str, params: Mapping[str, object], registry: Mapping[str, EnvironmentFactory]
 ) -> Environment:
     """A built-in environment by name, or `module:function` (a factory called with params)."""
     if ":" in name:

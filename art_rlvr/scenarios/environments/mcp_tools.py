@@ -43,6 +43,7 @@ from art_rlvr.scenarios.environments.base import Environment
 
 if TYPE_CHECKING:
     import mcp
+    import mcp.types
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +126,9 @@ class McpTool:
     server: McpServer = field(repr=False, compare=False)
     name: str
     description: str
-    input_schema: dict[str, Any]
+    input_schema: dict[str, object]
 
-    async def __call__(self, **arguments: Any) -> str:
+    async def __call__(self, **arguments: object) -> str:
         return await self.server.call(self.name, arguments)
 
 
@@ -179,7 +180,7 @@ def stderr_note(errlog: IO[str] | None, lines: int = 3) -> str:
     return f"; its stderr ends: {' | '.join(tail[-lines:])}" if tail else ""
 
 
-def schema_problem(tool: Any) -> str | None:
+def schema_problem(tool: mcp.types.Tool) -> str | None:
     """Why a listed tool cannot be offered to a model (None: it can)."""
     import jsonschema
 
@@ -197,7 +198,7 @@ def schema_problem(tool: Any) -> str | None:
     return None
 
 
-def result_text(result: Any) -> str:
+def result_text(result: mcp.types.CallToolResult) -> str:
     """A tool result's content as the text a model reads: text blocks as they are, other
     blocks as a bracketed note; structured content as JSON when there is no block."""
     parts = [block_text(b) for b in result.content or ()]
@@ -218,23 +219,24 @@ def block_text(block: Any) -> str:
     return f"[{kind or 'unknown'} content ({getattr(block, 'mime_type', '?')}), not shown]"
 
 
-def run_in_thread[T](make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def run_in_thread[T](make: Callable[[], Coroutine[object, object, T]]) -> T:
     """`asyncio.run(make())` on a thread of its own: usable from sync code that may itself be
     running inside an event loop (a notebook loading a scenario)."""
-    box: dict[str, Any] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            box["value"] = asyncio.run(make())
+            values.append(asyncio.run(make()))
         except BaseException as error:  # handed back to the caller's thread
-            box["error"] = error
+            errors.append(error)
 
     thread = threading.Thread(target=target, name="mcp-load", daemon=True)
     thread.start()
     thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 @dataclass
@@ -266,7 +268,7 @@ def connection_lost(error: BaseException) -> bool:
 class McpServer:
     """One MCP server for a run; build it with `McpServer.load(spec)`."""
 
-    def __init__(self, spec: McpServerSpec, listed: Sequence[Any]) -> None:
+    def __init__(self, spec: McpServerSpec, listed: Sequence[mcp.types.Tool]) -> None:
         self.spec = spec
         self.tools: tuple[McpTool, ...] = tuple(
             McpTool(self, t.name, (t.description or "").strip(), dict(t.input_schema))
@@ -303,7 +305,7 @@ class McpServer:
         """Connect now (rather than at the first call, whose timeout would pay for it)."""
         await self._live()
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> str:
+    async def call(self, name: str, arguments: dict[str, object]) -> str:
         """The tool's answer as text; an error result raises `McpToolError`, a server that
         went away during the call `McpServerCrashed` (after starting its restart)."""
         link = await self._live()
@@ -415,14 +417,15 @@ class McpServer:
         )
 
 
-def _quiet(scenario: asyncio.Task[Any]) -> None:
+def _quiet(task: asyncio.Task[object]) -> None:
     """A background restart's failure is reported by the next call that awaits it."""
-    if not scenario.cancelled():
-        scenario.exception()
+    if not task.cancelled():
+        task.exception()
 
 
 def client_for(spec: McpServerSpec, errlog: IO[str] | None) -> mcp.Client:
     import mcp
+    import mcp.types
 
     if spec.url is not None:
         return mcp.Client(spec.url)
@@ -467,7 +470,7 @@ async def _stop(link: _Link) -> None:
         link.errlog.close()
 
 
-async def list_tools(spec: McpServerSpec) -> list[Any]:
+async def list_tools(spec: McpServerSpec) -> list[mcp.types.Tool]:
     """Every tool the server lists (all pages), over a connection opened for it alone."""
     with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
         async with contextlib.AsyncExitStack() as stack:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -153,7 +154,10 @@ class QASearch(BaseModel):
         score = QAReward(answers_field=self.answers_field, reward_metric=self.reward_metric)(
             x, replies[-1] if replies else ""
         )
-        support = set(x.get(self.support_field) or ())
+        listed = x.get(self.support_field) or ()
+        if not isinstance(listed, Iterable):
+            raise TypeError(f"{self.support_field!r} of a record is not a list")
+        support = set(listed)
         recall = len(support & shown_ids(episode)) / len(support) if support else 0.0
         return score.model_copy(update={"metrics": {**score.metrics, "support_recall": recall}})
 

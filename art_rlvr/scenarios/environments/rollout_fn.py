@@ -17,13 +17,17 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.scenarios.rewards.base import exec_file
+
+if TYPE_CHECKING:
+    import art
 
 
 class RolloutFunctionConfigError(ValueError):
@@ -35,7 +39,7 @@ class RolloutFailed(Exception):
     but sampled something first: `trajectory` keeps it (it trains with reward 0), `reason`
     says why in the failing library's own words."""
 
-    def __init__(self, trajectory: Any, reason: str) -> None:
+    def __init__(self, trajectory: art.Trajectory, reason: str) -> None:
         super().__init__(reason)
         self.trajectory = trajectory
         self.reason = reason
@@ -47,19 +51,19 @@ class RolloutFunction(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     ref: str
-    fn: Callable[..., Any]
+    fn: Callable[..., Awaitable[object]]
     takes_context: bool
 
 
 CONTEXT_NAMES = ("context", "ctx")
 
 
-def positional_params(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+def positional_params(fn: Callable[..., object]) -> list[inspect.Parameter]:
     params = inspect.signature(fn).parameters.values()
     return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def positional_arity(fn: Callable[..., Any]) -> tuple[int, int]:
+def positional_arity(fn: Callable[..., object]) -> tuple[int, int]:
     """(required, accepted) positional parameters; accepted is large for `*args`."""
     params = inspect.signature(fn).parameters.values()
     positional = positional_params(fn)
@@ -74,7 +78,7 @@ def is_context(param: inspect.Parameter) -> bool:
     return param.name in CONTEXT_NAMES or "RolloutContext" in str(annotation)
 
 
-def takes_context(fn: Callable[..., Any], ref: str) -> bool:
+def takes_context(fn: Callable[..., object], ref: str) -> bool:
     """Whether the function is handed a context: its third positional parameter is one (by
     name or annotation), or it takes `*args`; one with a default that is not (a flag of its
     own) is left to it; a required one that is not (2048's `is_validation`) is refused."""
@@ -95,7 +99,7 @@ def takes_context(fn: Callable[..., Any], ref: str) -> bool:
     return False
 
 
-def check_rollout_function(fn: Any, ref: str) -> RolloutFunction:
+def check_rollout_function(fn: object, ref: str) -> RolloutFunction:
     """`fn` as a `RolloutFunction`, or why it is none: not callable, not `async def`, or a
     signature that cannot take (model, record) or (model, record, context)."""
     if not callable(fn):
@@ -122,7 +126,7 @@ def check_rollout_function(fn: Any, ref: str) -> RolloutFunction:
     return RolloutFunction(ref=ref, fn=fn, takes_context=takes_context(fn, ref))
 
 
-def import_module_from(module: str, near: Path | None) -> Any:
+def import_module_from(module: str, near: Path | None) -> ModuleType:
     """`module` from a file path (`x/y.py`, relative to `near`), the Python path, or a module
     file beside the scenario (`near/<module>.py`)."""
     if module.endswith(".py"):
@@ -148,7 +152,7 @@ def put_on_path(folder: Path) -> None:
         sys.path.insert(0, str(folder))
 
 
-def load_file(path: Path) -> Any:
+def load_file(path: Path) -> ModuleType:
     """The module in `path`, under its file name (once: a second scenario naming it reuses it)."""
     if not path.is_file():
         raise RolloutFunctionConfigError(f"no file {path}")

@@ -120,11 +120,19 @@ class TicTacToe(BaseModel):
     max_illegal: int = Field(default=3, ge=1)
     draw_reward: float = Field(default=0.5, ge=0.0, le=1.0)
 
+    @staticmethod
+    def seed_of(x: Record) -> int:
+        """The record's `seed`, which picks the opponent's moves."""
+        seed = x["seed"]
+        if not isinstance(seed, int | float | str):
+            raise TypeError(f"a record's seed is {type(seed).__name__}, not a number")
+        return int(seed)
+
     def start(self, x: Record) -> Game:
         """The opening position: empty, or after O's first move when the opponent starts."""
         if not x.get("opponent_first"):
             return Game()
-        cell = opponent_move(("",) * 9, self.opponent, int(x["seed"]), 0)
+        cell = opponent_move(("",) * 9, self.opponent, self.seed_of(x), 0)
         return Game(board=place(("",) * 9, cell, "O"), last_opponent=cell + 1)
 
     def play(self, x: Record, game: Game, text: str) -> Game:
@@ -153,7 +161,7 @@ class TicTacToe(BaseModel):
         ply = sum(bool(m) for m in board)
         reply = None
         if status == "playing":
-            reply = opponent_move(board, self.opponent, int(x["seed"]), ply)
+            reply = opponent_move(board, self.opponent, self.seed_of(x), ply)
             board = place(board, reply, "O")
             status = finished(board)
         return Game(

@@ -22,7 +22,7 @@ class RewardTypeError(TypeError):
     """A reward returned something that is not a score."""
 
 
-def as_score(value: Any) -> Score:
+def as_score(value: object) -> Score:
     """A reward's return value as a `Score`: a Score, or a number in [0, 1] or a bool (the TRL
     and verifiers habit; True is 1.0 and counts as correct)."""
     if isinstance(value, Score):
@@ -95,7 +95,7 @@ def _load_beside(name: str, path: Path) -> ModuleType:
 
 def build_reward(
     name: str,
-    params: dict[str, Any],
+    params: dict[str, object],
     registry: Mapping[str, RewardFactory],
     near: Path | None = None,
 ) -> RewardFn:

@@ -185,7 +185,10 @@ def describe(
         return passed, "passed", f"all {n_units} tests passed"
     if first_fail is not None:
         error = str(first_fail.get("error", ""))
-        index = int(first_fail.get("index", 0))
+        at = first_fail.get("index", 0)
+        if not isinstance(at, int | float | str):
+            raise TypeError(f"a sandbox report's index is {type(at).__name__}")
+        index = int(at)
         which = f"test {index + 1} of {n_units}"
         if show_test and 0 <= index < n_units:
             which += f" `{_shorten(units[index])}`"

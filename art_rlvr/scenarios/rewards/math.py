@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import weakref
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -118,7 +117,7 @@ class _Worker:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line
 
-    async def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def ask(self, request: dict[str, object], timeout: float) -> dict[str, object]:
         if not self.ready:  # a worker that cannot start is a broken install, not a 0 score
             try:
                 json.loads(await self.read_line(_STARTUP_TIMEOUT_S))
@@ -180,7 +179,7 @@ class VerifierPool:
             self._all.discard(worker)
         worker.kill()
 
-    async def check(self, gold: str, pred: str, timeout: float) -> dict[str, Any]:
+    async def check(self, gold: str, pred: str, timeout: float) -> dict[str, object]:
         """math-verify's verdict, or VerifierTimeout; a crashed worker is retried once."""
         gate = self._gates.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.size))
         async with gate:

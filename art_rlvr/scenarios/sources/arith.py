@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -38,7 +38,7 @@ def arith_records(source: ArithSource, seed: int) -> Records:
     sizes = source.splits
     wanted = sizes.train + sizes.val + sizes.test
     seen: set[tuple[int, str, int]] = set()
-    problems: list[dict[str, Any]] = []
+    problems: list[dict[str, object]] = []
     attempts = 0
     while len(problems) < wanted:
         attempts += 1

@@ -7,11 +7,10 @@ import gzip
 import json
 import random
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Records = dict[str, list[dict[str, Any]]]
+Records = dict[str, list[dict[str, object]]]
 SPLITS = ("train", "val", "test")
 
 
@@ -33,7 +32,7 @@ def resolve(path: str, base_dir: Path) -> Path:
     return found if found.is_absolute() else base_dir / found
 
 
-def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, object]]]:
     """(1-based line, object) for each non-blank line of a JSONL or JSONL.gz file (for a
     .parquet file: 1-based row, row)."""
     if not path.is_file():
@@ -63,7 +62,7 @@ def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def parquet_rows(path: Path) -> list[dict[str, Any]]:
+def parquet_rows(path: Path) -> list[dict[str, object]]:
     import pyarrow.lib
     import pyarrow.parquet
 
@@ -73,7 +72,7 @@ def parquet_rows(path: Path) -> list[dict[str, Any]]:
         raise ScenarioFileError(f"{path}: cannot read parquet ({error})") from None
 
 
-def deal(records: list[dict[str, Any]], sizes: SplitSizes, tag: str, seed: int) -> Records:
+def deal(records: list[dict[str, object]], sizes: SplitSizes, tag: str, seed: int) -> Records:
     """Seeded shuffle, then val, test and train in that order (smaller sets stay stable)."""
     shuffled = records[:]
     random.Random(f"{tag}:{seed}").shuffle(shuffled)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -27,7 +27,7 @@ from art_rlvr.scenarios.sources.base import (
 
 log = logging.getLogger(__name__)
 
-RowConverter = Callable[[dict[str, Any], str], dict[str, Any]]
+RowConverter = Callable[[dict[str, object], str], dict[str, object]]
 
 
 class DatasetSource(BaseModel):
@@ -77,7 +77,7 @@ class HumanEvalSource(DatasetSource):
     needs_path: ClassVar[bool] = False
 
 
-def converted_records(path: Path, convert: RowConverter) -> list[dict[str, Any]]:
+def converted_records(path: Path, convert: RowConverter) -> list[dict[str, object]]:
     """Rows through `convert(row, default_id)`; its ValueError becomes a file:line error."""
     records = []
     for number, row in numbered_jsonl(path):
@@ -90,16 +90,23 @@ def converted_records(path: Path, convert: RowConverter) -> list[dict[str, Any]]
     return records
 
 
-def _require(row: dict[str, Any], *fields: str) -> None:
-    missing = [f for f in fields if not isinstance(row.get(f), str) or not row[f].strip()]
+def _require(row: dict[str, object], *fields: str) -> None:
+    missing = [f for f in fields if not (isinstance(v := row.get(f), str) and v.strip())]
     if missing:
         raise ValueError(f"missing or empty field(s) {missing}")
 
 
-def gsm8k_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+def _text(row: dict[str, object], key: str) -> str:
+    """A field `_require` found to be text."""
+    value = row[key]
+    assert isinstance(value, str)
+    return value
+
+
+def gsm8k_row(row: dict[str, object], default_id: str) -> dict[str, object]:
     """Keep the worked solution (for hints and teachers) and the number after the last ####."""
     _require(row, "question", "answer")
-    solution, marker, gold = row["answer"].rpartition("####")
+    solution, marker, gold = _text(row, "answer").rpartition("####")
     gold = gold.strip().replace(",", "").replace("$", "")
     if not marker or not gold:
         raise ValueError("field 'answer' has no '#### <number>' final answer")
@@ -109,7 +116,7 @@ def gsm8k_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
         raise ValueError(f"final answer {gold!r} after '####' is not a number") from None
     return {
         "id": str(row.get("id") or default_id),
-        "question": row["question"].strip(),
+        "question": _text(row, "question").strip(),
         "solution": solution.strip(),
         "answer": gold,
     }
@@ -131,11 +138,11 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def math_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+def math_row(row: dict[str, object], default_id: str) -> dict[str, object]:
     _require(row, "problem", "solution")
     answer = row.get("answer")
     if answer is None or not str(answer).strip():
-        answer = last_boxed(row["solution"])
+        answer = last_boxed(_text(row, "solution"))
         if answer is None:
             raise ValueError("no 'answer' field and no \\boxed{} answer in 'solution'")
     return {
@@ -145,7 +152,7 @@ def math_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
     }
 
 
-def humaneval_row(row: dict[str, Any], default_id: str) -> dict[str, Any]:
+def humaneval_row(row: dict[str, object], default_id: str) -> dict[str, object]:
     _require(row, "task_id", "prompt", "test", "entry_point")
     return {**row, "id": row["task_id"]}
 

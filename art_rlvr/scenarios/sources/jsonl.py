@@ -4,7 +4,7 @@ or one file dealt into seeded splits."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -38,7 +38,7 @@ class JsonlSource(BaseModel):
         return self
 
 
-def read_jsonl(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, required: tuple[str, ...] = ()) -> list[dict[str, object]]:
     """The objects of a JSONL file, each with the `required` fields; errors name file and line."""
     records = []
     for number, record in numbered_jsonl(path):

@@ -22,7 +22,6 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from art_rlvr.scenarios.rewards.sandbox.cgroups import (
     Hierarchy,
@@ -166,7 +165,7 @@ class BwrapLaunch:
         return argv if self.group is None else [*join_command(self.group.join_files), *argv]
 
     @property
-    def job(self) -> dict[str, Any]:
+    def job(self) -> dict[str, object]:
         return {"mode": "inside"}
 
     @property

@@ -9,7 +9,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from art_rlvr.scenarios.rewards.sandbox.cgroups import RunCgroup
 from art_rlvr.scenarios.rewards.sandbox.seccomp import filter_program
@@ -68,7 +67,7 @@ class RootLaunch:
         return [interpreter(), "-S", "-s", "-P", str(LAUNCHER)]
 
     @property
-    def job(self) -> dict[str, Any]:
+    def job(self) -> dict[str, object]:
         return {
             "mode": "root",
             "uid": self.uid,

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import cache
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -54,7 +54,7 @@ class RunResult(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    reports: list[dict[str, Any]]
+    reports: list[dict[str, object]]
     exit_code: int | None
     timed_out: bool
     output_overflow: bool
@@ -81,7 +81,7 @@ def make_job(
     entry_point: str | None,
     limits: SandboxLimits,
     fds: tuple[int, int],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The launcher's job: everything the solution's process may see (not the tests)."""
     return {
         **launch.job,
@@ -253,7 +253,7 @@ async def _run(
     )
 
 
-def parse_reports(data: bytes) -> list[dict[str, Any]]:
+def parse_reports(data: bytes) -> list[dict[str, object]]:
     """The judge's lines (a dict each); anything else is skipped."""
     reports = []
     for line in data.decode("utf-8", "replace").splitlines():

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,7 +54,7 @@ class Launch(Protocol):
     def argv(self) -> list[str]: ...
 
     @property
-    def job(self) -> dict[str, Any]: ...
+    def job(self) -> dict[str, object]: ...
 
     @property
     def env(self) -> dict[str, str]: ...
