@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from art_rlvr.backend.chat import canonical_message, canonical_tools, text_content
+from art_rlvr.backend.chat.render import canonical_message, canonical_tools, text_content
 
 DEFAULT_MAX_TURNS = 20_000  # ~40 MB at 250 tokens a turn; ART's off-policy trainers lag 4 steps
 

@@ -1,5 +1,5 @@
 """`backend=tinker`: ART's `TinkerNativeBackend`, on Thinking Machines' service or on any
-Tinker-API engine (`TINKER_BASE_URL`, e.g. a local SkyRL from `art_rlvr.engines.skyrl`).
+Tinker-API engine (`TINKER_BASE_URL`, e.g. a local SkyRL from `art_rlvr.backend.external.skyrl`).
 
 Why the native backend: RL trains on the token ids the engine sampled, and ART 0.5.23's
 `TinkerNativeBackend` serves them with every choice (`prompt_token_ids`, `token_ids`), while
@@ -21,7 +21,7 @@ from typing import Any
 
 from art.tinker_native import TinkerNativeBackend
 
-from art_rlvr.backend.model_source import resolve_base_model
+from art_rlvr.backend.adapters.model_source import resolve_base_model
 
 
 def register_embedded_tokenizer(base_model: str) -> None:

@@ -33,8 +33,8 @@ import art
 from art.trajectories import get_messages
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.backend.chat import render_ids
-from art_rlvr.backend.served import ServedLog, ServedTurn
+from art_rlvr.backend.chat.render import render_ids
+from art_rlvr.backend.serving.served import ServedLog, ServedTurn
 
 AssistantTurns = Literal["all", "last"]
 

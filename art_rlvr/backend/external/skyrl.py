@@ -1,4 +1,4 @@
-"""`python -m art_rlvr.engines.skyrl`: SkyRL's Tinker-API engine on this machine, so that
+"""`python -m art_rlvr.backend.external.skyrl`: SkyRL's Tinker-API engine on this machine, so that
 `backend=tinker` runs without a Tinker account (on CPU here; on your GPUs SkyRL trains with
 FSDP or Megatron behind the same API).
 
@@ -44,7 +44,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL, cache_root, resolve_base_model
+from art_rlvr.backend.adapters.model_source import (
+    DEFAULT_BASE_MODEL,
+    cache_root,
+    resolve_base_model,
+)
 
 ENV_PROJECT = Path(__file__).with_name("skyrl_env")
 SKYRL_VERSION = "0.4.0"
@@ -448,7 +452,7 @@ async def running(settings: SkyRLSettings, **kwargs: Any) -> AsyncIterator[Runni
 
 def parse(argv: list[str]) -> SkyRLSettings:
     parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.engines.skyrl",
+        prog="python -m art_rlvr.backend.external.skyrl",
         description="SkyRL's Tinker-API engine on 127.0.0.1, for backend=tinker.",
     )
     parser.add_argument("--base-model", default=DEFAULT_BASE_MODEL)

@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DummyLayer, DynamicLayer
 
-from art_rlvr.backend.engine_types import Completion, SamplingParams, TokenEvent
+from art_rlvr.backend.engine.types import Completion, SamplingParams, TokenEvent
 
 
 @dataclass

@@ -50,22 +50,22 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from art_rlvr.backend.chat import parse_tool_calls, scan
-from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
-from art_rlvr.backend.engine import (
+from art_rlvr.backend.chat.render import parse_tool_calls, scan
+from art_rlvr.backend.engine.generation import (
     Completion,
     ContextLengthError,
     EngineClosed,
     SamplingParams,
     TokenEvent,
 )
-from art_rlvr.backend.http_limits import (
+from art_rlvr.backend.serving.chat_request import MAX_REQUEST_BYTES, ChatRequest
+from art_rlvr.backend.serving.http_limits import (
     ConnectionLimits,
     guarded_protocol,
     quiet_accept_errors,
     raise_descriptor_limit,
 )
-from art_rlvr.backend.served import ServedLog
+from art_rlvr.backend.serving.served import ServedLog
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.backend.constrained import json_grammar, tool_call_grammar
-from art_rlvr.backend.engine import SamplingParams
-from art_rlvr.backend.request_shapes import Message, TemplateKwargs
+from art_rlvr.backend.engine.constrained import json_grammar, tool_call_grammar
+from art_rlvr.backend.engine.generation import SamplingParams
+from art_rlvr.backend.serving.request_shapes import Message, TemplateKwargs
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 

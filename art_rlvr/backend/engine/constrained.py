@@ -28,7 +28,7 @@ import torch
 import xgrammar as xgr
 from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
-from art_rlvr.backend.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from art_rlvr.backend.chat.render import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Arguments and JSON replies in json.dumps' layout, no free whitespace: the layout the model
 # has seen most, the one a re-rendered call has, and a 135M model under a flexible-whitespace
