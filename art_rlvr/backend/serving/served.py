@@ -57,7 +57,7 @@ def skeleton(message: object, *, ids: bool = False) -> list[object]:
         + ([c.get("id")] if ids else [])
         for c in m.get("tool_calls", [])
     ]
-    found = [role, text_content(m["content"]), calls]
+    found: list[object] = [role, text_content(m["content"]), calls]
     return [*found, m.get("tool_call_id")] if ids else found
 
 
