@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +49,10 @@ from art_rlvr.backend.adapters.model_source import (
     cache_root,
     resolve_base_model,
 )
+
+if TYPE_CHECKING:
+    from filelock import FileLock
+    from starlette.applications import Starlette
 
 ENV_PROJECT = Path(__file__).with_name("skyrl_env")
 SKYRL_VERSION = "0.4.0"
@@ -234,7 +238,7 @@ def with_weights_ids(listing: bytes) -> bytes:
     return json.dumps(body).encode()
 
 
-def compat_app(upstream: str) -> Any:
+def compat_app(upstream: str) -> Starlette:
     """An ASGI app that forwards every request to SkyRL's API at `upstream`, bridging the two
     differences above; SkyRL not answering is a 503 that says so."""
     import httpx
@@ -290,7 +294,7 @@ class ProxyThread:
     served from the caller's loop would never answer it (tinker-cookbook's `rl.train.main`
     timed out that way)."""
 
-    def __init__(self, app: Any, port: int) -> None:
+    def __init__(self, app: Starlette, port: int) -> None:
         import uvicorn
 
         config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="off")
@@ -320,7 +324,7 @@ class RunningEngine:
     log_path: Path
     process: subprocess.Popen[bytes]
     proxy: ProxyThread
-    lock: Any
+    lock: FileLock
     started_s: float = 0.0
     _stopped: bool = field(default=False, repr=False)
 
@@ -382,7 +386,7 @@ async def wait_ready(
         await asyncio.sleep(0.5)
 
 
-def take_lock(state: Path) -> Any:
+def take_lock(state: Path) -> FileLock:
     from filelock import FileLock, Timeout
 
     lock = FileLock(str(state / "engine.lock"))
@@ -439,8 +443,10 @@ async def start(settings: SkyRLSettings, *, log: Path | None = None) -> RunningE
 
 
 @contextlib.asynccontextmanager
-async def running(settings: SkyRLSettings, **kwargs: Any) -> AsyncIterator[RunningEngine]:
-    engine = await start(settings, **kwargs)
+async def running(
+    settings: SkyRLSettings, *, log: Path | None = None
+) -> AsyncIterator[RunningEngine]:
+    engine = await start(settings, log=log)
     try:
         yield engine
     finally:
