@@ -24,6 +24,7 @@ from typing import Any
 import art
 import torch
 import uvicorn
+from art import dev
 from art.adapter_leases import pin_inference_target, pinned_inference_name, pinned_inference_step
 from art.serving_capabilities import ServingCapabilities
 
@@ -165,7 +166,7 @@ class TorchBackend:
             self._trainees[model.name] = trainee
 
     async def _prepare_backend_for_training(
-        self, model: art.TrainableModel, config: Any = None
+        self, model: art.TrainableModel, config: dev.OpenAIServerConfig | None = None
     ) -> tuple[str, str]:
         if self._server is None:
             self._server = ServerThread(
@@ -263,7 +264,7 @@ class TorchBackend:
         allow_training_without_logprobs: bool = False,
         allow_rerendered_turns: bool = False,
         verbose: bool = False,
-        **unknown: Any,
+        **unknown: object,
     ) -> art.TrainResult:
         """One optimizer step over every sampled assistant turn of the groups.
 
@@ -371,7 +372,7 @@ class TorchBackend:
     async def score_completions(
         self,
         model: art.Model,
-        prompts: Sequence[list[dict[str, Any]]],
+        prompts: Sequence[list[dict[str, object]]],
         completions: Sequence[str],
     ) -> list[float]:
         """Summed log p(completion | prompt) under the model's current weights, per pair.
@@ -462,14 +463,18 @@ class TorchBackend:
         self,
         base: _Base,
         tokenizer: Any,
-        adapter_for: Any,
+        adapter_for: Callable[[], str | None],
         served: ServedLog | None = None,
         policy: str | None = None,
     ) -> Route:
         engine = base.engine
         assert engine is not None
 
-        def render(messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> list[int]:
+        def render(
+            messages: list[dict[str, object]],
+            tools: list[dict[str, object]] | None,
+            kwargs: dict[str, Any],  # template variables, of any type the template reads
+        ) -> list[int]:
             return render_ids(tokenizer, messages, tools, **kwargs)
 
         async def generate(prompt: list[int], params: SamplingParams, n: int) -> list[Completion]:

@@ -140,7 +140,7 @@ def serve(base: Base, adapter: str | None) -> Iterator[None]:
                 yield
 
 
-def exclusive(base: Base) -> contextlib.AbstractContextManager[Any]:
+def exclusive(base: Base) -> contextlib.AbstractContextManager[object]:
     """The model to ourselves: the engine lets running sequences finish and admits none."""
     return base.engine.exclusive() if base.engine is not None else base.lock
 
