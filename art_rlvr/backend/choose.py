@@ -209,12 +209,12 @@ async def service_lost(
             await asyncio.sleep(every_s)
 
 
-def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, Any] | None:
+def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, object] | None:
     """ART's `_internal_config` entries a backend needs from the run: on tinker, the run's LoRA
     rank (ART's native default is 1) and, for the embedded model, its renderer."""
     if name != "tinker":
         return None
-    args: dict[str, Any] = {"training_client_args": {"rank": lora_rank}}
+    args: dict[str, object] = {"training_client_args": {"rank": lora_rank}}
     if base_model.startswith(EMBEDDED_PREFIX):
         args["renderer_name"] = EMBEDDED_RENDERER
     return {"tinker_native_args": args}
