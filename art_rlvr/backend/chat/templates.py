@@ -142,7 +142,7 @@ def trainable_model(
 ) -> art.TrainableModel:
     """A run's `art.TrainableModel` (run_name = name). A chat template travels in ART's own
     `_internal_config`, which ART's backends and TorchBackend both read, to serve and train;
-    `internal` adds a backend's own entries (`backends.model_config`)."""
+    `internal` adds a backend's own entries (`choose.model_config`)."""
     import art
     from art.dev.model import InternalModelConfig
 

@@ -10,7 +10,7 @@ expert iteration distils with), is added here on the same training client with T
 
 The embedded model runs there too: the engine serves it under its own name, this process
 registers its tokenizer with tinker-cookbook (which ART's tokenizer loader asks first), and
-the run names its renderer (`backends.model_config`). Needs the tinker extra, in an
+the run names its renderer (`choose.model_config`). Needs the tinker extra, in an
 environment of its own (docs/scaling.md).
 """
 
