@@ -15,8 +15,9 @@ os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 # decode step wants them awake (at 1,000 spins a 36-row step took 1.6x its time at 30,000);
 # beside another busy process spinning threads take cores it needs (a pair of evaluations took
 # 4.5x one alone at 30,000, 1.1x at 1,000). So: 30,000 here, and while other processes use our
-# cores TorchBackend makes libgomp throttle to 100 (art_rlvr/backend/spin.py). Read when torch
-# loads: only if art_rlvr is imported first (the CLI always is); the throttle works either way.
+# cores TorchBackend makes libgomp throttle to 100 (art_rlvr/backend/runtime/spin.py). Read when
+# torch loads: only if art_rlvr is imported first (the CLI always is); the throttle works either
+# way.
 os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 # MKL (torch's fp32 matrix products on x86) picks its kernels and splits its work by matrix size
 # and thread count. On AVX-512 cores a row's result then changed with the number of rows and with
@@ -37,12 +38,12 @@ warnings.filterwarnings(
 )
 
 _EXPORTS = {
-    "DEFAULT_BASE_MODEL": "art_rlvr.backend.model_source",
-    "TorchBackend": "art_rlvr.backend.torch_backend",
-    "LoraSettings": "art_rlvr.backend.adapters",
-    "BackendUnavailable": "art_rlvr.backends",
-    "build_backend": "art_rlvr.backends",
-    "check_requirements": "art_rlvr.backends",
+    "DEFAULT_BASE_MODEL": "art_rlvr.backend",
+    "TorchBackend": "art_rlvr.backend",
+    "LoraSettings": "art_rlvr.backend",
+    "BackendUnavailable": "art_rlvr.backend",
+    "build_backend": "art_rlvr.backend",
+    "check_requirements": "art_rlvr.backend",
     "RunConfig": "art_rlvr.config.run_config",
     "parse_args": "art_rlvr.config.run_config",
     "EvalReport": "art_rlvr.eval.evaluate",

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.backend import checkpoints as ckpt
+from art_rlvr.backend import checkpoint_dir, list_steps
 from art_rlvr.core.text import first_line
 from art_rlvr.rundir.reader import RunFolder, RunFolderError, read_run_folder
 
@@ -71,7 +71,7 @@ class Checkpoint(BaseModel):
 
     @property
     def folder(self) -> Path:
-        return ckpt.checkpoint_dir(self.model_dir, self.step)
+        return checkpoint_dir(self.model_dir, self.step)
 
     @property
     def name(self) -> str:
@@ -170,7 +170,7 @@ def find_checkpoint(run: Path, step: int | None = None) -> Checkpoint:
     config = folder.config
     backend = str(config.get("backend") or "torch")
     model_dir = _model_dir(run, config)
-    steps = ckpt.list_steps(model_dir) if model_dir else []
+    steps = list_steps(model_dir) if model_dir else []
     if model_dir is None or not steps:
         why = _REMOTE_BACKENDS.get(backend, "the run stopped before its model was registered?")
         raise ExportError(f"{run} has no checkpoints ({why})")
@@ -267,7 +267,7 @@ def merged_model(checkpoint: Checkpoint) -> tuple[Any, Any]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from art_rlvr.backend.model_source import resolve_base_model
+    from art_rlvr.backend import resolve_base_model
 
     try:
         path = resolve_base_model(checkpoint.base_model)

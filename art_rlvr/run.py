@@ -32,15 +32,15 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 if TYPE_CHECKING:
     import art
 
-from art_rlvr.backend.chat_templates import ChatTemplateError, missing_template, trainable_model
-from art_rlvr.backend.model_source import base_model_problem, declares_chat_template
-from art_rlvr.backends import (
+from art_rlvr.backend import (
     BackendUnavailable,
+    ChatTemplateError,
+    base_model_problem,
     build_backend,
-    check_requirements,
+    check_backend,
     model_config,
     service_lost,
-    service_problem,
+    trainable_model,
 )
 from art_rlvr.config.reference import help_text
 from art_rlvr.config.run_config import MODE_TITLES, ConfigError, RunConfig, parse_args
@@ -107,11 +107,7 @@ def prepare(cfg: RunConfig) -> tuple[Scenario | Mixture, RunFiles]:
     if problem := mode_problem(cfg, scenario):
         raise ConfigError(problem)
     if cfg.policy.model is None:
-        check_requirements(cfg.backend, cfg.base_model)  # before any folder, model or connection
-        if problem := service_problem(cfg.backend, cfg.base_model):  # a self-hosted Tinker
-            raise BackendUnavailable(f"backend={cfg.backend}: {problem}")
-        if cfg.chat_template is None and declares_chat_template(cfg.base_model) is False:
-            raise ChatTemplateError(missing_template(cfg.base_model))
+        check_backend(cfg.backend, cfg.base_model, cfg.chat_template)  # before any folder
     else:
         read_key(cfg.policy)  # an external policy's key variable: before any folder or request
     if problem := machine_problem(cfg):

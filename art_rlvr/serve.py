@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("WEAVE_DISABLED", "true")  # `import art` may load weave
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from art_rlvr.backend import checkpoints as ckpt
-from art_rlvr.backend.server import new_api_key
+from art_rlvr.backend import checkpoint_dir, new_api_key
 from art_rlvr.core.text import first_line
 from art_rlvr.export import Checkpoint, ExportError, find_checkpoint
 
 if TYPE_CHECKING:
-    from art_rlvr.backend.torch_backend import TorchBackend
+    from art_rlvr.backend import TorchBackend
 
 KEY_ENV = "ART_RLVR_SERVE_KEY"
 HOST = "127.0.0.1"  # loopback only, always
@@ -40,15 +39,14 @@ def stage(checkpoint: Checkpoint, art_path: Path) -> None:
     """An ART folder whose only checkpoint is a link to the chosen one: the backend resumes at
     that step (so the bare model name means it too) and writes nothing into the run."""
     model_dir = art_path / checkpoint.project / "models" / checkpoint.name
-    link = ckpt.checkpoint_dir(model_dir, checkpoint.step)
+    link = checkpoint_dir(model_dir, checkpoint.step)
     link.parent.mkdir(parents=True)
     link.symlink_to(checkpoint.folder.resolve(), target_is_directory=True)
 
 
 async def load(checkpoint: Checkpoint, art_path: Path) -> TorchBackend:
     """A TorchBackend holding the checkpoint, with the LoRA shape the checkpoint was saved in."""
-    from art_rlvr.backend.chat_templates import trainable_model
-    from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
+    from art_rlvr.backend import LoraSettings, TorchBackend, trainable_model
 
     adapter = checkpoint.adapter_config()
     modules = adapter["target_modules"]
@@ -114,10 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
-    from art_rlvr.backend.export_support import serving_app
-    from art_rlvr.backend.server import close_app, serve, server_config
+    from art_rlvr.backend import serve_backend
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -141,14 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            app = serving_app(backend, key)
-            server = uvicorn.Server(server_config(app))
             print("\n".join(banner(checkpoint, base_url, key, key_from_env)), flush=True)
-            try:  # returns on Ctrl-C after a graceful shutdown of at most a few seconds
-                asyncio.run(serve(server, [sock]))
-            finally:
-                asyncio.run(backend.close())
-                close_app(app)
+            # returns on Ctrl-C after a graceful shutdown of at most a few seconds
+            serve_backend(backend, key, sock)
     except KeyboardInterrupt:  # uvicorn re-raises the signal it handled; or one came while loading
         pass
     finally:

@@ -37,7 +37,7 @@ import art
 import httpx
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend.engine import GenerationEngine
+from art_rlvr.backend.engine.generation import GenerationEngine
 
 QUIT_AFTER = 4  # tokens a quitter reads before it hangs up
 

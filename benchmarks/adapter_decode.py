@@ -7,11 +7,11 @@ training; peft starts them at zero). Settings, each on the same weights and prom
 interleaved within every repeat:
 
 - `folded`: the engine of `TorchBackend()` (the default: the adapter folded into a copy of
-  the weights it adapts, `art_rlvr/backend/merged.py`);
+  the weights it adapts, `art_rlvr/backend/adapters/merged.py`);
 - `peft`: the same engine decoding through peft's LoRA layers (`adapters.select`, what
   `TorchBackend(fold_adapters=False)` does);
 - `before` (with `--before FILE`, an engine module, e.g.
-  `git show a7a0423:art_rlvr/backend/engine.py > /tmp/engine_before.py`): that module's engine
+  `git show a7a0423:./art_rlvr/backend/engine.py > /tmp/engine_before.py`): that module's engine
   through peft's layers, i.e. the engine before both changes;
 - `no_adapter`: the engine on the bare base model (what an adapter could at best cost nothing).
 
@@ -38,8 +38,8 @@ import art
 import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend.engine import GenerationEngine, SamplingParams
+from art_rlvr.backend.adapters import registry as A
+from art_rlvr.backend.engine.generation import GenerationEngine, SamplingParams
 
 PROMPTS = [(3, "+", 17), (12, "-", 4), (9, "+", 8), (20, "-", 11), (6, "+", 15), (18, "-", 2)]
 SYSTEM = "You are a careful calculator. Reply with only the final number."

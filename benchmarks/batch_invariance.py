@@ -15,7 +15,7 @@ row-count rule can fix (the linears) from the part that needs per-row attention.
         [--dtype float32|bfloat16]
 
 `--dtype bfloat16` asks it of bf16 weights (oneDNN's kernels, AMX where the cores have it);
-TorchBackend runs fp32 on CPU, where the rules of `art_rlvr/backend/invariant.py` were measured.
+TorchBackend runs fp32 on CPU, where the rules of `art_rlvr/backend/engine/invariant.py` were measured.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import argparse
 
 import torch
 
-from art_rlvr.backend.adapters import load_base
+from art_rlvr.backend.adapters.registry import load_base
 
 PROMPT = "What is 17 times 23? Answer with a number only please."
 

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from art_rlvr import DEFAULT_BASE_MODEL
-from art_rlvr.backend.model_source import resolve_base_model
+from art_rlvr.backend.adapters.model_source import resolve_base_model
 
 DTYPES = (torch.float32, torch.bfloat16)
 SHAPES = ((576, 1536), (1536, 576), (576, 576), (576, 49152))

@@ -107,7 +107,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 async def main() -> int:
-    from art_rlvr.engines import skyrl
+    from art_rlvr.backend.external import skyrl
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sides", nargs="+", choices=sorted(COMMANDS), default=["torch", "tinker"])

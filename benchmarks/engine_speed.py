@@ -3,12 +3,12 @@ batch, in one process, on the same weights, prompts and forced token count:
 
 - `engine`: `GenerationEngine.generate`, `b` concurrent requests with distinct prompts;
 - `engine_before`: the same, with the engine module at `--before` (e.g. the last commit's:
-  `git show HEAD:art_rlvr/backend/engine.py > /tmp/engine_before.py`), on the same model;
+  `git show HEAD:art_rlvr/backend/engine/generation.py > /tmp/engine_before.py`), on the same model;
 - `engine_fixed_threads` (with `--variants`): the same engine with its thread count fixed at
   every usable core (the engine picks its count by timing its own steps:
-  `art_rlvr/backend/threads.py`);
+  `art_rlvr/backend/runtime/threads.py`);
 - `engine_tuner_before`: the same engine with the `ThreadTuner` of the module at
-  `--tuner-before` (e.g. `git show HEAD:art_rlvr/backend/threads.py > /tmp/threads_before.py`):
+  `--tuner-before` (e.g. `git show HEAD:art_rlvr/backend/runtime/threads.py > /tmp/threads_before.py`):
   two tuning policies side by side, each on its own engine, seeing the same conditions;
 - `engine_not_invariant` (with `--variants`): the same engine with `batch_invariant=False` (on CPU the engine is
   batch-invariant by default: row-wise attention, no shared-prefix prefill), the price of it;
@@ -67,9 +67,9 @@ from generation_throughput import SUBJECTS, llama_cpp_rate
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend.engine import GenerationEngine, SamplingParams
-from art_rlvr.backend.threads import usable_cores
+from art_rlvr.backend.adapters import registry as A
+from art_rlvr.backend.engine.generation import GenerationEngine, SamplingParams
+from art_rlvr.backend.runtime.threads import usable_cores
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -257,7 +257,7 @@ async def profile(engine, base: A.Base, prompts: list[list[int]], tokens: int, l
 def sampler_report(before, rows: int, vocab: int, repeats: int) -> None:
     """One sampling call (token + untempered logprob per row) of the engine before and now,
     on the same random logits, for three settings; medians of interleaved calls."""
-    from art_rlvr.backend.sampler import sample
+    from art_rlvr.backend.engine.sampler import sample
 
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 4
     uniform = torch.rand(rows, dtype=torch.float64)

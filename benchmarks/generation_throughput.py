@@ -28,7 +28,7 @@ import art
 import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend.model_source import embedded_gguf_path
+from art_rlvr.backend.adapters.model_source import embedded_gguf_path
 
 SUBJECTS = ["a lighthouse keeper", "a baker", "a lost cat", "a robot", "a river", "a violinist",
             "a glacier", "a chess player", "a kite", "a miner", "an owl", "a ferry", "a comet",

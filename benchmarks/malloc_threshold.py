@@ -40,7 +40,8 @@ async def child(threshold: int, trim: bool, steps: int) -> None:
         gather_groups,
         load_scenario,
     )
-    from art_rlvr.backend import engine, torch_backend
+    from art_rlvr.backend import torch_backend
+    from art_rlvr.backend.engine import generation as engine
 
     if not trim:  # the old behaviour: nothing gives freed heap pages back
         torch_backend.release_free_memory = engine.release_free_memory = lambda: False

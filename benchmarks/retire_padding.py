@@ -37,7 +37,7 @@ from adapter_decode import prompt_ids
 from engine_speed import COMPETITORS, competing
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend.engine import SamplingParams
+from art_rlvr.backend.engine.generation import SamplingParams
 
 SETTINGS = {"padding": None, "at_once": 1}  # the engine's retire multiple (None: its own)
 

@@ -25,7 +25,7 @@ import art
 from openai import AsyncOpenAI
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend
-from art_rlvr.backend import train as T
+from art_rlvr.backend.training import train as T
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ torch's OpenMP threads (libgomp) spin before they sleep when they run out of wor
 spins by default. Two processes at 2 threads each on 2 cores then keep spinning on cores the
 other process needs. art_rlvr sets `GOMP_SPINCOUNT=30000` when it is imported before torch
 (`art_rlvr/__init__.py`), and TorchBackend makes libgomp throttle to 100 spins while other
-processes use its cores (`art_rlvr/backend/spin.py`); this measures both, with a CLI evaluation
+processes use its cores (`art_rlvr/backend/runtime/spin.py`); this measures both, with a CLI evaluation
 of `arith`:
 
 - `alone`: one `python -m art_rlvr.run scenario=arith mode=eval` (process start to end);

@@ -184,8 +184,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 async def main() -> int:
-    from art_rlvr.engines import skyrl
-    from art_rlvr.engines.tinker import register_embedded_tokenizer
+    from art_rlvr.backend.external import skyrl
+    from art_rlvr.backend.external.tinker import register_embedded_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])

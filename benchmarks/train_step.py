@@ -6,7 +6,7 @@ microbatch layout buys: arrival order, length-bucketed, and a group packed into 
 with the user / kernel (sys) CPU time of the backward pass at 1 and 2 torch threads.
 
 `--before FILE` also times the group layout with the `shared_prompt_logprobs` of an earlier
-`train` module (e.g. `git show 4674b04:art_rlvr/backend/train.py > /tmp/train_before.py`: the
+`train` module (e.g. `git show 4674b04:./art_rlvr/backend/train.py > /tmp/train_before.py`: the
 prompt's KV cache repeated to right-padded rows), on the same samples, interleaved.
 
 Then where the step runs: `rl_step` on the engine's thread (`GenerationEngine.run`, what
@@ -47,10 +47,10 @@ import art
 import torch
 
 from art_rlvr import DEFAULT_BASE_MODEL, SamplingConfig, TorchBackend, gather_groups, load_scenario
-from art_rlvr.backend import steps
-from art_rlvr.backend import train as T
-from art_rlvr.backend.steps import sample_length
-from art_rlvr.backend.threads import in_own_thread, in_threads
+from art_rlvr.backend.runtime.threads import in_own_thread, in_threads
+from art_rlvr.backend.training import steps
+from art_rlvr.backend.training import train as T
+from art_rlvr.backend.training.steps import sample_length
 
 NON_EMBEDDING_PARAMS, HIDDEN, VOCAB = 106_700_000, 576, 49_152  # SmolLM2-135M
 

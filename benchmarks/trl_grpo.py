@@ -115,7 +115,7 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: boo
     from trl import GRPOConfig, GRPOTrainer
 
     from art_rlvr import DEFAULT_BASE_MODEL, LoraSettings, load_scenario
-    from art_rlvr.backend.model_source import resolve_base_model
+    from art_rlvr.backend.adapters.model_source import resolve_base_model
     from art_rlvr.config.run_config import RunConfig
 
     trl_dir = out / trl_folder(scheduler, checkpointing)

@@ -88,7 +88,7 @@ def val_rows(run_dir: Path) -> dict[str, tuple[str, bool]]:
 
 
 def main() -> int:
-    from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL, resolve_base_model
+    from art_rlvr.backend.adapters.model_source import DEFAULT_BASE_MODEL, resolve_base_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(

@@ -20,8 +20,8 @@ import art
 import pytest
 
 from art_rlvr import DEFAULT_BASE_MODEL, TorchBackend, load_scenario
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend.engine import GenerationEngine
+from art_rlvr.backend.adapters import registry as A
+from art_rlvr.backend.engine.generation import GenerationEngine
 
 _names = itertools.count()
 

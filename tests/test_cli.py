@@ -376,7 +376,7 @@ async def test_a_base_model_that_cannot_load_is_one_line(backend, tmp_path: Path
     import art
 
     from art_rlvr import DEFAULT_BASE_MODEL
-    from art_rlvr.backend.model_source import base_model_problem, resolve_base_model
+    from art_rlvr.backend.adapters.model_source import base_model_problem, resolve_base_model
     from art_rlvr.config.run_config import ConfigError, parse_args
     from art_rlvr.run import register
 

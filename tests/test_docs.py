@@ -341,13 +341,13 @@ def test_no_issue_numbers_or_stale_claims(doc: Path) -> None:
 def test_the_served_features_the_docs_name_exist() -> None:
     """docs/export.md says `serve` streams and calls tools: the request model it serves with
     takes those fields, and `serve` uses TorchBackend's own app."""
-    from art_rlvr.backend.chat_request import ChatRequest
+    from art_rlvr.backend.serving.chat_request import ChatRequest
 
     text = (ROOT / "docs" / "export.md").read_text()
     for field in ("stream", "tools", "tool_choice", "response_format"):
         assert field in ChatRequest.model_fields
         assert f"`{field}" in text, field
-    assert "serving_app" in (ROOT / "art_rlvr" / "serve.py").read_text()
+    assert "serve_backend" in (ROOT / "art_rlvr" / "serve.py").read_text()
 
 
 def cli_error_examples() -> list[tuple[str, list[str], str]]:

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("extensions", {"gepa", "ei"}),
     ("rollouts and evaluation", {"rollouts", "eval"}),
     ("scenarios", {"scenarios"}),
-    ("backend", {"backend", "backends", "engines"}),
+    ("backend", {"backend"}),
     ("llm client", {"llm"}),
     ("observe", {"observe"}),
     ("run folder", {"rundir"}),
@@ -92,6 +92,19 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
         if layer_of(t) < layer_of(m)
     ]
     assert not upward, "imports that run upward:\n" + "\n".join(upward)
+
+
+def test_outside_the_backend_only_its_public_api_is_imported() -> None:
+    """`art_rlvr.backend`'s subpackages are its own: the rest of the package imports the names
+    `art_rlvr/backend/__init__.py` exports (tests and benchmarks may reach further in)."""
+    inward = [
+        f"{m} imports {t}"
+        for m, targets in import_graph().items()
+        if m != "art_rlvr.backend" and not m.startswith("art_rlvr.backend.")
+        for t in sorted(targets)
+        if t.startswith("art_rlvr.backend.")
+    ]
+    assert not inward, "imports past art_rlvr.backend's public API:\n" + "\n".join(inward)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
 
 IGNORED_ART_OPTIONS = frozenset(
     {
@@ -35,7 +34,7 @@ IGNORED_ART_OPTIONS = frozenset(
 )
 
 
-def warn_unknown(unknown: Mapping[str, Any]) -> None:
+def warn_unknown(unknown: Mapping[str, object]) -> None:
     """Warn (at the caller of `train`) about options given that TorchBackend does not use."""
     ignored = sorted(k for k in unknown if k in IGNORED_ART_OPTIONS)
     strange = sorted(k for k in unknown if k not in IGNORED_ART_OPTIONS)

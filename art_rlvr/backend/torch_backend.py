@@ -16,41 +16,52 @@ import functools
 import json
 import logging
 import math
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import art
 import torch
+import uvicorn
+from art import dev
 from art.adapter_leases import pin_inference_target, pinned_inference_name, pinned_inference_step
 from art.serving_capabilities import ServingCapabilities
 
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend import checkpoints as ckpt
-from art_rlvr.backend import spin
-from art_rlvr.backend import steps as S
-from art_rlvr.backend import train as T
-from art_rlvr.backend.adapters import Base as _Base
-from art_rlvr.backend.adapters import LoraSettings, Trainee
+from art_rlvr.backend.adapters import checkpoints as ckpt
+from art_rlvr.backend.adapters import registry as A
+from art_rlvr.backend.adapters.model_source import DEFAULT_BASE_MODEL
+from art_rlvr.backend.adapters.registry import Base as _Base
+from art_rlvr.backend.adapters.registry import LoraSettings, Trainee
 from art_rlvr.backend.art_options import warn_unknown
-from art_rlvr.backend.chat import longest_token_chars, render_ids, text_content
-from art_rlvr.backend.chat_templates import model_tokenizer
-from art_rlvr.backend.engine import Completion, GenerationEngine, SamplingParams, TokenEvent
-from art_rlvr.backend.malloc import pin_malloc_mmap_threshold, release_free_memory
-from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
-from art_rlvr.backend.served import ServedLog
-from art_rlvr.backend.server import (
+from art_rlvr.backend.chat.render import longest_token_chars, render_ids, text_content
+from art_rlvr.backend.chat.templates import model_tokenizer
+from art_rlvr.backend.engine.generation import (
+    Completion,
+    GenerationEngine,
+    SamplingParams,
+    TokenEvent,
+)
+from art_rlvr.backend.runtime import spin
+from art_rlvr.backend.runtime.malloc import pin_malloc_mmap_threshold, release_free_memory
+from art_rlvr.backend.runtime.threads import OwnThreads, in_threads, usable_cores
+from art_rlvr.backend.serving.served import ServedLog
+from art_rlvr.backend.serving.server import (
     ModelNotFound,
     Route,
     ServerThread,
     build_app,
+    close_app,
     new_api_key,
     prompt_chars_bound,
+    serve,
+    server_config,
 )
-from art_rlvr.backend.threads import OwnThreads, in_threads, usable_cores
+from art_rlvr.backend.training import steps as S
+from art_rlvr.backend.training import train as T
 from art_rlvr.core.types import Loss
 
-__all__ = ["LoraSettings", "TorchBackend"]
+__all__ = ["LoraSettings", "TorchBackend", "serve_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +109,9 @@ class TorchBackend:
         self.default_max_tokens = default_max_tokens
         self.microbatch_size = microbatch_size
         self.max_step_adapters = max_step_adapters
-        # None: on CPU, where it makes seeded runs repeat (backend/invariant.py); False: faster
+        # None: on CPU, where it makes seeded runs repeat (engine/invariant.py); False: faster
         self.batch_invariant = batch_invariant
-        # decode an adapter folded into a copy of its weights (backend/merged.py): a GRPO step's
+        # decode an adapter folded into a copy of its weights (adapters/merged.py): a GRPO step's
         # decoding 1.15x faster than through peft's LoRA layers, the same tokens to rounding
         self.fold_adapters = fold_adapters
         # the trainer's thread count and the most the engines use: by default the process's,
@@ -155,7 +166,7 @@ class TorchBackend:
             self._trainees[model.name] = trainee
 
     async def _prepare_backend_for_training(
-        self, model: art.TrainableModel, config: Any = None
+        self, model: art.TrainableModel, config: dev.OpenAIServerConfig | None = None
     ) -> tuple[str, str]:
         if self._server is None:
             self._server = ServerThread(
@@ -253,7 +264,7 @@ class TorchBackend:
         allow_training_without_logprobs: bool = False,
         allow_rerendered_turns: bool = False,
         verbose: bool = False,
-        **unknown: Any,
+        **unknown: object,
     ) -> art.TrainResult:
         """One optimizer step over every sampled assistant turn of the groups.
 
@@ -361,7 +372,7 @@ class TorchBackend:
     async def score_completions(
         self,
         model: art.Model,
-        prompts: Sequence[list[dict[str, Any]]],
+        prompts: Sequence[list[dict[str, object]]],
         completions: Sequence[str],
     ) -> list[float]:
         """Summed log p(completion | prompt) under the model's current weights, per pair.
@@ -452,14 +463,18 @@ class TorchBackend:
         self,
         base: _Base,
         tokenizer: Any,
-        adapter_for: Any,
+        adapter_for: Callable[[], str | None],
         served: ServedLog | None = None,
         policy: str | None = None,
     ) -> Route:
         engine = base.engine
         assert engine is not None
 
-        def render(messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]) -> list[int]:
+        def render(
+            messages: list[dict[str, object]],
+            tools: list[dict[str, object]] | None,
+            kwargs: dict[str, Any],  # template variables, of any type the template reads
+        ) -> list[int]:
             return render_ids(tokenizer, messages, tools, **kwargs)
 
         async def generate(prompt: list[int], params: SamplingParams, n: int) -> list[Completion]:
@@ -483,3 +498,22 @@ class TorchBackend:
             policy=policy,
             max_prompt_chars=prompt_chars_bound(engine.max_context, longest_token_chars(tokenizer)),
         )
+
+
+def serve_backend(backend: TorchBackend, api_key: str, sock: socket.socket) -> None:
+    """Serve the models registered with `backend` on `sock` (bound and listening wherever the
+    caller chose) with TorchBackend's own OpenAI-compatible app: the same routes, request checks
+    and `name@step` routing as the port the backend picks for itself. Returns after a graceful
+    shutdown (Ctrl-C: uvicorn re-raises the signal), with the backend closed."""
+    app = build_app(
+        resolve=backend._resolve,
+        list_models=backend._served_names,
+        api_key=api_key,
+        default_max_tokens=backend.default_max_tokens,
+    )
+    server = uvicorn.Server(server_config(app))
+    try:
+        asyncio.run(serve(server, [sock]))
+    finally:
+        asyncio.run(backend.close())
+        close_app(app)

@@ -12,9 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from art_rlvr.backend.chat_templates import resolve_chat_template
-from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
-from art_rlvr.backends import BackendName
+from art_rlvr.backend import DEFAULT_BASE_MODEL, BackendName, resolve_chat_template
 from art_rlvr.config.keys import (
     ConfigError,
     coerce_source_value,

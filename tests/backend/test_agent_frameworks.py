@@ -27,7 +27,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.backend import train as T
+from art_rlvr.backend.training import train as T
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -18,15 +18,16 @@ import art
 import pytest
 import torch
 
-from art_rlvr import DEFAULT_BASE_MODEL, backends, load_scenario
-from art_rlvr.backend.torch_backend import TorchBackend
-from art_rlvr.backends import (
+from art_rlvr import DEFAULT_BASE_MODEL, load_scenario
+from art_rlvr.backend import choose as backends
+from art_rlvr.backend.choose import (
     BACKENDS,
     BackendUnavailable,
     build_backend,
     check_requirements,
     missing_requirements,
 )
+from art_rlvr.backend.torch_backend import TorchBackend
 from art_rlvr.config.run_config import ConfigError, RunConfig, parse_args
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round, distill_round, score_reliance
@@ -112,7 +113,7 @@ def test_tinker_takes_the_embedded_model_only_from_a_self_hosted_engine(
 ) -> None:
     no_keys.setenv("TINKER_API_KEY", TINKER_KEY)
     message = error_line("tinker", DEFAULT_BASE_MODEL)
-    assert "python -m art_rlvr.engines.skyrl" in message and "TINKER_BASE_URL" in message
+    assert "python -m art_rlvr.backend.external.skyrl" in message and "TINKER_BASE_URL" in message
     no_keys.setenv("TINKER_BASE_URL", "http://127.0.0.1:1")
     assert not any("embedded" in m for m in missing_requirements("tinker", DEFAULT_BASE_MODEL))
 
@@ -128,7 +129,10 @@ def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
     problem = backends.service_problem("tinker", DEFAULT_BASE_MODEL)
     assert problem is not None and "\n" not in problem
     assert f"TINKER_BASE_URL=http://127.0.0.1:{port}" in problem and "refused" in problem
-    assert f"art_rlvr.engines.skyrl --base-model {DEFAULT_BASE_MODEL} --port {port}" in problem
+    assert (
+        f"art_rlvr.backend.external.skyrl --base-model {DEFAULT_BASE_MODEL} --port {port}"
+        in problem
+    )
     assert backends.service_problem("torch", DEFAULT_BASE_MODEL) is None
     no_keys.delenv("TINKER_BASE_URL")
     assert backends.service_problem("tinker", HUB_MODEL) is None  # Thinking Machines': not asked

@@ -1,4 +1,4 @@
-"""The engine's running batch (`art_rlvr.backend.decode_batch`): its KV cache layers, and
+"""The engine's running batch (`art_rlvr.backend.engine.decode_batch`): its KV cache layers, and
 finished rows kept as padding."""
 
 import contextlib
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from art_rlvr.backend.decode_batch import (
+from art_rlvr.backend.engine.decode_batch import (
     Batch,
     Request,
     Row,
@@ -17,7 +17,7 @@ from art_rlvr.backend.decode_batch import (
     retire,
     spare_cache,
 )
-from art_rlvr.backend.engine_types import SamplingParams
+from art_rlvr.backend.engine.types import SamplingParams
 
 
 def states(rows: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:

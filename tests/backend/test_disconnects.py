@@ -8,7 +8,7 @@ import contextlib
 
 import httpx
 
-from art_rlvr.backend.engine import SamplingParams
+from art_rlvr.backend.engine.generation import SamplingParams
 
 LONG = 200  # tokens a request would cost if nobody stopped it
 SHORT = 64  # the same over HTTP (five clients: kept short for a loaded machine)

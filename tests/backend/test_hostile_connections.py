@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES
-from art_rlvr.backend.http_limits import ConnectionLimits
-from art_rlvr.backend.server import ServerThread, build_app
+from art_rlvr.backend.serving.chat_request import MAX_REQUEST_BYTES
+from art_rlvr.backend.serving.http_limits import ConnectionLimits
+from art_rlvr.backend.serving.server import ServerThread, build_app
 
 LIMITS = ConnectionLimits(
     head_timeout_s=1.0, body_timeout_s=2.0, max_connections=16, graceful_shutdown_s=1
@@ -181,7 +181,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503(server: ServerThread) 
 def test_a_client_gone_mid_body_is_one_line(
     server: ServerThread, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    with caplog.at_level("INFO", logger="art_rlvr.backend.server"):
+    with caplog.at_level("INFO", logger="art_rlvr.backend.serving.server"):
         for _ in range(3):
             with socket.create_connection((server.host, server.port)) as sock:
                 sock.sendall(head(1000) + b'{"model": ')
@@ -195,7 +195,7 @@ def test_a_client_gone_mid_body_is_one_line(
 
 RAISE = (
     "import resource\n"
-    "from art_rlvr.backend.http_limits import default_max_connections, raise_descriptor_limit\n"
+    "from art_rlvr.backend.serving.http_limits import default_max_connections, raise_descriptor_limit\n"
     "resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
     "print(raise_descriptor_limit({target}), default_max_connections())\n"
 )

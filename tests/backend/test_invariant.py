@@ -1,11 +1,11 @@
-"""Batch-invariant forwards on CPU (art_rlvr/backend/invariant.py): a row's logits do not depend
+"""Batch-invariant forwards on CPU (art_rlvr/backend/engine/invariant.py): a row's logits do not depend
 on the rows beside it or its padding; training forwards are exactly what they were."""
 
 import pytest
 import torch
 
-from art_rlvr.backend import invariant
-from art_rlvr.backend.adapters import load_base
+from art_rlvr.backend.adapters.registry import load_base
+from art_rlvr.backend.engine import invariant
 
 PROMPT = "What is 17 times 23? Answer with a number only please."
 

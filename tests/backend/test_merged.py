@@ -1,4 +1,4 @@
-"""Decoding through folded adapter weights (art_rlvr/backend/merged.py): the same numbers as
+"""Decoding through folded adapter weights (art_rlvr/backend/adapters/merged.py): the same numbers as
 peft's own merge, rebuilt whenever the adapter is written, and the model untouched outside."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from art_rlvr.backend.adapters import load_base
-from art_rlvr.backend.merged import MergedWeights
+from art_rlvr.backend.adapters.merged import MergedWeights
+from art_rlvr.backend.adapters.registry import load_base
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -148,7 +148,7 @@ def test_what_cannot_be_folded_runs_through_peft(dtype, extra) -> None:
 async def test_an_engine_decoding_folded_samples_what_peft_samples(model, backend, make_engine):
     """`TorchBackend`'s engine (adapters folded) against `fold_adapters=False`'s, on a trainee's
     adapter with non-zero B: the same greedy tokens, logprobs equal up to rounding."""
-    from art_rlvr.backend.engine import SamplingParams
+    from art_rlvr.backend.engine.generation import SamplingParams
 
     trainee = backend._trainees[model.name]
     base = trainee.base

@@ -10,8 +10,8 @@ import art
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.backend.chat import canonical_message, canonical_tools
-from art_rlvr.backend.served import ServedLog, skeleton, turn_key
+from art_rlvr.backend.chat.render import canonical_message, canonical_tools
+from art_rlvr.backend.serving.served import ServedLog, skeleton, turn_key
 
 TOOL = {
     "type": "function",

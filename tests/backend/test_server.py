@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from art_rlvr.backend.engine import SamplingParams, sample_tokens
+from art_rlvr.backend.engine.generation import SamplingParams, sample_tokens
 
 MESSAGES = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
 

@@ -13,7 +13,7 @@ import torch
 from art.openai import consume_chat_completion_stream
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from art_rlvr.backend.chat import parse_tool_calls, render_ids, template_supports_tools
+from art_rlvr.backend.chat.render import parse_tool_calls, render_ids, template_supports_tools
 
 WEATHER = {
     "type": "function",
@@ -524,9 +524,9 @@ async def test_stream_carries_top_logprobs(model) -> None:
 def test_parallel_tool_calls_false_returns_the_first_call_only(parallel, stream) -> None:
     """Without constrained decoding (tool_choice auto) the model may write two calls; vLLM
     returns only the first when `parallel_tool_calls` is false, and so does the server."""
-    from art_rlvr.backend.chat_request import ChatRequest
-    from art_rlvr.backend.engine import Completion
-    from art_rlvr.backend.server import _ChoiceStream, _message
+    from art_rlvr.backend.engine.generation import Completion
+    from art_rlvr.backend.serving.chat_request import ChatRequest
+    from art_rlvr.backend.serving.server import _ChoiceStream, _message
 
     text = f"{CALL}\n{CALL.replace('1', '5')}"
     req = ChatRequest.model_validate(

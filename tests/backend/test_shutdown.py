@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from art_rlvr.backend.threads import OwnThreads, in_own_thread
+from art_rlvr.backend.runtime.threads import OwnThreads, in_own_thread
 from art_rlvr.core.callbacks import off_loop
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "pipeline_exit.py"

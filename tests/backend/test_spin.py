@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from art_rlvr.backend import spin
-from art_rlvr.backend.threads import in_own_thread
+from art_rlvr.backend.runtime import spin
+from art_rlvr.backend.runtime.threads import in_own_thread
 
 STAT = """cpu  900 90 300 5000 10 5 5 0 0 0
 cpu0 100 10 50 1000 1 1 1 3 0 0

@@ -16,9 +16,9 @@ from conftest import engine_on, new_model
 from cores import worker_threads
 
 from art_rlvr import SamplingConfig, TorchBackend, gather_groups, rollout
-from art_rlvr.backend import steps as S
-from art_rlvr.backend.engine import EngineClosed, SamplingParams
-from art_rlvr.backend.threads import ThreadTuner, usable_cores
+from art_rlvr.backend.engine.generation import EngineClosed, SamplingParams
+from art_rlvr.backend.runtime.threads import ThreadTuner, usable_cores
+from art_rlvr.backend.training import steps as S
 
 CORES = len(os.sched_getaffinity(0))
 

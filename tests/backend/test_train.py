@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from art_rlvr import SamplingConfig, TorchBackend, gather_groups, rollout
-from art_rlvr.backend import adapters as A
-from art_rlvr.backend.train import TrainingDataError
+from art_rlvr.backend.adapters import registry as A
+from art_rlvr.backend.training.train import TrainingDataError
 
 PROMPT = [
     {"role": "system", "content": "Reply with one word."},
@@ -97,7 +97,7 @@ async def test_save_checkpoint_false_still_advances_and_serves(
     assert any(not torch.equal(before[k], after[k]) for k in before)
     step = art_path / "tests" / "models" / model.run_name / "checkpoints" / "0001"
     assert (step / "adapter_model.safetensors").is_file() and not (step / "optimizer.pt").exists()
-    with caplog.at_level(logging.WARNING, logger="art_rlvr.backend.adapters"):
+    with caplog.at_level(logging.WARNING, logger="art_rlvr.backend.adapters.registry"):
         A.restore(backend._trainees[model.name], 1)  # as a resume from this folder would
         (step.parent / "0000" / "optimizer.pt").unlink()
         A.restore(backend._trainees[model.name], 1)
@@ -147,7 +147,7 @@ async def test_sft_lowers_loss_on_its_batch(backend, make_model) -> None:
 
 
 async def test_sft_masks_only_assistant_tokens(backend) -> None:
-    from art_rlvr.backend.train import sft_samples
+    from art_rlvr.backend.training.train import sft_samples
 
     tokenizer = next(iter(backend._bases.values())).tokenizer
     t = art.Trajectory(
@@ -166,7 +166,7 @@ async def test_sft_masks_only_assistant_tokens(backend) -> None:
 def test_the_training_mask_leaves_no_query_blind_and_hides_pads(lengths) -> None:
     """Every position sees itself (a fully masked left-pad row gave NaN gradients under SDPA
     on CUDA); real tokens see exactly their causal prefix and never a pad."""
-    from art_rlvr.backend.train import _left_pad, padded_causal_bias
+    from art_rlvr.backend.training.train import _left_pad, padded_causal_bias
 
     _, attention = _left_pad([[7] * n for n in lengths], pad=0)
     allowed = padded_causal_bias(attention, torch.float32)[:, 0] == 0
@@ -181,7 +181,7 @@ def test_the_training_mask_leaves_no_query_blind_and_hides_pads(lengths) -> None
 
 async def test_batched_training_logprobs_match_each_row_alone(backend) -> None:
     """The padded batch the GRPO step sees gives each row the logprobs it has alone."""
-    from art_rlvr.backend.train import completion_logprobs
+    from art_rlvr.backend.training.train import completion_logprobs
 
     base = next(iter(backend._bases.values()))
     prompts = [list(range(100, 100 + n)) for n in (30, 12, 21)]

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from art_rlvr.backend import steps
-from art_rlvr.backend import train as T
+from art_rlvr.backend.training import steps
+from art_rlvr.backend.training import train as T
 
 
 def samples(seed: int) -> list[T.Sample]:

@@ -14,8 +14,8 @@ from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message import ChatCompletionMessage
 
 from art_rlvr import SamplingConfig, gather_groups
-from art_rlvr.backend import train as T
-from art_rlvr.backend.chat import render_ids
+from art_rlvr.backend.chat.render import render_ids
+from art_rlvr.backend.training import train as T
 
 SYSTEM = {"role": "system", "content": "You are playing a guessing game. Answer briefly."}
 MOVES = ["Guess a number from 1 to 9.", "Too low. Guess again.", "Too high. Last guess?"]

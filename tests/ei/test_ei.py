@@ -14,7 +14,7 @@ import art
 import pytest
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.backend import train as T
+from art_rlvr.backend.training import train as T
 from art_rlvr.config.run_config import ConfigError, parse_args
 from art_rlvr.core.outcome import attach_outcome, feedback_of, is_correct, is_sampled, turns
 from art_rlvr.core.types import Episode, Messages, Reply

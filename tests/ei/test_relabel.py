@@ -14,7 +14,7 @@ from typing import Any
 import art
 import pytest
 
-from art_rlvr.backend import train as T
+from art_rlvr.backend.training import train as T
 from art_rlvr.core.outcome import turns
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.ei.expert import collect_round

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from filelock import FileLock
 
-from art_rlvr.engines import skyrl
+from art_rlvr.backend.external import skyrl
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_the_engine_environment_is_offline_on_cpu_with_uv_on_path() -> None:
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "art_rlvr.engines.skyrl", *args],
+        [sys.executable, "-m", "art_rlvr.backend.external.skyrl", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

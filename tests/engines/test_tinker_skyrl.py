@@ -1,5 +1,5 @@
 """`backend=tinker` end to end against a real SkyRL engine on loopback, set up as
-docs/scaling.md tells a user: the engine from `art_rlvr.engines.skyrl` (SkyRL 0.4.0 in its own
+docs/scaling.md tells a user: the engine from `art_rlvr.backend.external.skyrl` (SkyRL 0.4.0 in its own
 uv environment, the embedded model, JAX on CPU), the run in the tinker extra's environment
 through `UV_PROJECT_ENVIRONMENT=.venv-tinker uv run --locked --extra tinker --no-dev python -m
 art_rlvr.run backend=tinker ...`, which talks to it through ART's TinkerNativeBackend and the
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from art_rlvr.engines import skyrl
+from art_rlvr.backend.external import skyrl
 from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.testing.scripted_server import ScriptedServer, Step
 
@@ -139,7 +139,7 @@ async def test_an_engine_serving_another_model_is_one_line(engine, tmp_path: Pat
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: backend=tinker: the Tinker service at {engine.base_url} serves "
         "embedded:SmolLM2-135M-Instruct, not base_model=HuggingFaceTB/SmolLM2-360M-Instruct; "
-        "restart it for this model (python -m art_rlvr.engines.skyrl --base-model "
+        "restart it for this model (python -m art_rlvr.backend.external.skyrl --base-model "
         f"HuggingFaceTB/SmolLM2-360M-Instruct --port {engine.base_url.rsplit(':', 1)[1]}), or "
         "run with base_model=embedded:SmolLM2-135M-Instruct"
     )

@@ -11,7 +11,7 @@ per-request template (`chat_template`) is refused, as vLLM refuses it unless sta
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -24,7 +24,7 @@ class _Open(BaseModel):
 
 class Function(_Open):
     name: str
-    arguments: str | dict[str, Any] = "{}"
+    arguments: str | dict[str, object] = "{}"
 
 
 class ToolCall(_Open):
@@ -35,14 +35,14 @@ class ToolCall(_Open):
 
 class ChatMessage(_Open):
     role: str = Field(min_length=1)
-    content: Any = None
+    content: object = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
 
     @field_validator("content")
     @classmethod
-    def _text(cls, content: Any) -> Any:
+    def _text(cls, content: object) -> object:
         if content is None or isinstance(content, str):
             return content
         if not isinstance(content, list):
@@ -55,7 +55,7 @@ class ChatMessage(_Open):
         return content
 
 
-def check_message(message: dict[str, Any]) -> dict[str, Any]:
+def check_message(message: dict[str, object]) -> dict[str, object]:
     """`message` unchanged if the renderer can read it, else a ValueError naming the key."""
     try:
         parsed = ChatMessage.model_validate(message)
@@ -68,7 +68,7 @@ def check_message(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-Message = Annotated[dict[str, Any], AfterValidator(check_message)]
+Message = Annotated[dict[str, object], AfterValidator(check_message)]
 
 # apply_chat_template's own keywords, which the server sets: a request may not override them
 RESERVED = frozenset(
@@ -91,7 +91,7 @@ RESERVED = frozenset(
 )
 
 
-def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+def check_template_kwargs(kwargs: dict[str, object] | None) -> dict[str, object] | None:
     """Template variables only: no per-request template, none of the server's own keywords."""
     for key in kwargs or {}:
         if key in ("chat_template", "chat_template_path"):
@@ -106,4 +106,4 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | Non
     return kwargs
 
 
-TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(check_template_kwargs)]
+TemplateKwargs = Annotated[dict[str, object] | None, AfterValidator(check_template_kwargs)]

@@ -23,13 +23,34 @@ import re
 import uuid
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import jinja2
 import jinja2.meta
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+
+
+class Function(TypedDict):
+    name: str
+    arguments: object  # a JSON string (the model's own text, as OpenAI sends it) or an object
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: str
+    function: Function
+
+
+class ChatMessage(TypedDict, total=False):
+    """A message in the one shape rendering reads (`canonical_message`)."""
+
+    role: Required[str]
+    content: Required[object]  # text, a list of content parts, or None
+    tool_calls: list[ToolCall]
+    tool_call_id: str
+
 
 HERMES_TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -50,11 +71,11 @@ def longest_token_chars(tokenizer) -> int:
 
 def render_ids(
     tokenizer,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None = None,
+    messages: Sequence[dict[str, object]],
+    tools: Sequence[dict[str, object]] | None = None,
     *,
     add_generation_prompt: bool = True,
-    **template_kwargs: Any,
+    **template_kwargs: object,
 ) -> list[int]:
     """Token ids of `messages` (OpenAI chat format) under the model's chat template."""
     template_kwargs.pop("preserve_thinking", None)  # ART's vLLM-only switch
@@ -77,7 +98,7 @@ def render_ids(
     return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
 
-def canonical_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+def canonical_tools(tools: Sequence[object] | None) -> list[dict[str, object]] | None:
     """Tool dicts in one key order, whatever order a client or ART stored them in.
 
     The rendered prompt spells the tools out as JSON, so key order is part of the prompt: ART's
@@ -115,7 +136,7 @@ def _reads_tools(template: str) -> bool:
 
 
 def hermes_messages(
-    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]] | None
 ) -> list[dict[str, str]]:
     """Role + content messages carrying tools, calls and results in Hermes text."""
     out: list[dict[str, str]] = []
@@ -152,7 +173,7 @@ def hermes_messages(
     return out
 
 
-def tool_call_text(name: str, arguments: str | dict[str, Any]) -> str:
+def tool_call_text(name: str, arguments: object) -> str:
     """One Hermes call block; a JSON-string argument is kept verbatim (the model's own text)."""
     if isinstance(arguments, str):
         try:
@@ -170,7 +191,7 @@ def _tool_response(name: str | None, call_id: str, content: str) -> str:
     return f"<tool_response>\n{head}\n{content}\n</tool_response>"
 
 
-def _native_message(raw: Any) -> dict[str, Any]:
+def _native_message(raw: object) -> ChatMessage:
     """What Hugging Face tool templates expect: text content, arguments as objects."""
     message = canonical_message(raw)
     message["content"] = text_content(message["content"]) if message["content"] else None
@@ -182,11 +203,11 @@ def _native_message(raw: Any) -> dict[str, Any]:
     return message
 
 
-def canonical_message(raw: Any) -> dict[str, Any]:
+def canonical_message(raw: object) -> ChatMessage:
     """The fields a chat template reads, in one shape, whatever the client added: LangChain's
     tool calls carry `args` and `name` beside `function`, the OpenAI SDK's objects `None`s."""
     message = _plain(raw)
-    out: dict[str, Any] = {"role": message["role"], "content": message.get("content")}
+    out: ChatMessage = {"role": message["role"], "content": message.get("content")}
     if calls := message.get("tool_calls"):
         out["tool_calls"] = [
             {
@@ -204,7 +225,7 @@ def canonical_message(raw: Any) -> dict[str, Any]:
     return out
 
 
-def _arguments_object(function: dict[str, Any]) -> Any:
+def _arguments_object(function: Function) -> object:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
@@ -215,13 +236,14 @@ def _arguments_object(function: dict[str, Any]) -> Any:
 
 
 def _plain(value: Any) -> dict[str, Any]:
-    """Pydantic objects (the OpenAI SDK's) to dicts; dicts copied."""
+    """Pydantic objects (the OpenAI SDK's) to dicts; dicts copied. What a client sent, before
+    its shape is known: the one place its fields are read untyped."""
     if hasattr(value, "model_dump"):
         return value.model_dump(exclude_none=True)
     return dict(value)
 
 
-def text_content(content: Any) -> str:
+def text_content(content: object) -> str:
     """A message's text: a string, or the text parts of a content list."""
     if content is None:
         return ""
@@ -240,7 +262,7 @@ _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _UNTERMINATED = re.compile(r"<tool_call>(.*)", re.DOTALL)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     """Split a completion into content and OpenAI `tool_calls`.
 
     Every well-formed `<tool_call>` block (a JSON object with a string `name` and an object
@@ -252,12 +274,12 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return content or None, calls
 
 
-def scan(text: str, *, final: bool) -> tuple[str, list[dict[str, Any]]]:
+def scan(text: str, *, final: bool) -> tuple[str, list[ToolCall]]:
     """Content and calls of `text`; with `final=False`, only what can no longer change as more
     text arrives (for streaming: an open block or a partial tag or trailing whitespace is held
     back), so the pieces streamed add up to the final result."""
     pieces: list[str] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
     position = 0
     for match in _BLOCK.finditer(text):
         pieces.append(text[position : match.start()])
@@ -288,7 +310,7 @@ def _held_back(rest: str) -> int:
     return len(rest)
 
 
-def _call(body: str) -> dict[str, Any] | None:
+def _call(body: str) -> ToolCall | None:
     try:
         data = json.loads(body)
     except json.JSONDecodeError:
@@ -305,7 +327,7 @@ def _call(body: str) -> dict[str, Any] | None:
     }
 
 
-def _arguments_text(body: str, data: dict[str, Any], arguments: dict[str, Any]) -> str:
+def _arguments_text(body: str, data: dict[str, object], arguments: dict[str, object]) -> str:
     """The model's own argument text when the block has the canonical shape (so rendering the
     call back reproduces what was sampled), else the arguments re-serialised as vLLM does."""
     prefix = f'{{"name": {json.dumps(data["name"], ensure_ascii=False)}, "arguments": '

@@ -10,13 +10,13 @@ applies to the turn that forces it, the response format to turns that force no c
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_rlvr.backend.constrained import json_grammar, tool_call_grammar
-from art_rlvr.backend.engine import SamplingParams
-from art_rlvr.backend.request_shapes import Message, TemplateKwargs
+from art_rlvr.backend.engine.constrained import json_grammar, tool_call_grammar
+from art_rlvr.backend.engine.generation import SamplingParams
+from art_rlvr.backend.serving.request_shapes import Message, TemplateKwargs
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
@@ -28,7 +28,7 @@ class _Strict(BaseModel):
 class FunctionSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, object] | None = None
     strict: bool | None = None
 
 
@@ -48,7 +48,7 @@ class NamedToolChoice(_Strict):
 
 class JsonSchemaSpec(_Strict):
     name: str = "response"
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    schema_: dict[str, object] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -122,14 +122,17 @@ class ChatRequest(BaseModel):
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.choice != "none"
 
-    def tool_dicts(self) -> list[dict[str, Any]] | None:
+    def tool_dicts(self) -> list[dict[str, object]] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def grammar(self) -> str | None:
         """The constraint on the reply: a forced tool call, else a JSON response format."""
         tools = self.tool_dicts() or []
         if isinstance(self.choice, NamedToolChoice):
-            named = [t for t in tools if t["function"]["name"] == self.choice.function.name]
+            name = self.choice.function.name
+            named = [
+                t.model_dump(exclude_none=True) for t in self.tools or [] if t.function.name == name
+            ]
             return tool_call_grammar(named, parallel=False)
         if self.choice == "required":
             return tool_call_grammar(tools, parallel=self.parallel_tool_calls)

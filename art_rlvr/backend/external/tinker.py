@@ -1,5 +1,5 @@
 """`backend=tinker`: ART's `TinkerNativeBackend`, on Thinking Machines' service or on any
-Tinker-API engine (`TINKER_BASE_URL`, e.g. a local SkyRL from `art_rlvr.engines.skyrl`).
+Tinker-API engine (`TINKER_BASE_URL`, e.g. a local SkyRL from `art_rlvr.backend.external.skyrl`).
 
 Why the native backend: RL trains on the token ids the engine sampled, and ART 0.5.23's
 `TinkerNativeBackend` serves them with every choice (`prompt_token_ids`, `token_ids`), while
@@ -10,18 +10,26 @@ expert iteration distils with), is added here on the same training client with T
 
 The embedded model runs there too: the engine serves it under its own name, this process
 registers its tokenizer with tinker-cookbook (which ART's tokenizer loader asks first), and
-the run names its renderer (`backends.model_config`). Needs the tinker extra, in an
+the run names its renderer (`choose.model_config`). Needs the tinker extra, in an
 environment of its own (docs/scaling.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from art.tinker_native import TinkerNativeBackend
 
-from art_rlvr.backend.model_source import resolve_base_model
+from art_rlvr.backend.adapters.model_source import resolve_base_model
+
+if TYPE_CHECKING:
+    import art
+    from art import dev
+    from art.tinker_native.backend import ModelState
+    from art.trajectories import LegacyHistory
+    from tinker import Datum, ForwardBackwardOutput
+    from tinker_cookbook.renderers import Renderer
 
 
 def register_embedded_tokenizer(base_model: str) -> None:
@@ -43,7 +51,7 @@ class TinkerBackend(TinkerNativeBackend):
     TorchBackend do: a run resumes at its last step, optimizer state included, even after the
     engine restarts (the native default saves sampler weights only)."""
 
-    async def _build_model_state(self, model: Any) -> Any:
+    async def _build_model_state(self, model: art.TrainableModel) -> ModelState:
         """ART's resume, then the resumed step's sampler weights saved again from the new
         training client: a run resumed after its engine restarted samples from weights that
         engine holds (SkyRL samples only from models loaded in its own process; Thinking
@@ -60,7 +68,12 @@ class TinkerBackend(TinkerNativeBackend):
             self._persist_model_state(model, state)
         return state
 
-    async def train(self, model: Any, trajectory_groups: Iterable[Any], **kwargs: Any) -> Any:
+    async def train(
+        self,
+        model: art.TrainableModel,
+        trajectory_groups: Iterable[art.TrajectoryGroup],
+        **kwargs: Any,  # ART's own keywords, each of its own type, passed on
+    ) -> art.TrainResult:
         if (scale := kwargs.pop("scale_rewards", None)) is not None:
             kwargs.setdefault("normalize_advantages", bool(scale))
         kwargs.setdefault("save_checkpoint", True)
@@ -68,10 +81,10 @@ class TinkerBackend(TinkerNativeBackend):
 
     async def _train_sft(
         self,
-        model: Any,
-        trajectories: Iterable[Any],
-        config: Any,
-        dev_config: Any = None,
+        model: art.TrainableModel,
+        trajectories: Iterable[art.Trajectory],
+        config: art.types.TrainSFTConfig,
+        dev_config: dev.TrainSFTConfig | None = None,
         verbose: bool = False,
     ) -> AsyncIterator[dict[str, float]]:
         import tinker
@@ -100,7 +113,7 @@ class TinkerBackend(TinkerNativeBackend):
             yield {"loss": batch_loss(output, weighted), "tokens": tokens, "learning_rate": rate}
         await self._advance(model, state)
 
-    async def _advance(self, model: Any, state: Any) -> None:
+    async def _advance(self, model: art.TrainableModel, state: ModelState) -> None:
         """A new step's checkpoint, sampler weights and client, as ART's `train` makes."""
         step = state.current_step + 1
         saved, response = await self._save_checkpoint(state.training_client, f"step_{step:06d}")
@@ -113,7 +126,9 @@ class TinkerBackend(TinkerNativeBackend):
         self._persist_model_state(model, state)
 
 
-def sft_datums(trajectories: list[Any], renderer: Any, assistant_turns: str) -> list[Any]:
+def sft_datums(
+    trajectories: list[art.Trajectory], renderer: Renderer, assistant_turns: str
+) -> list[Datum]:
     """Each history of each trajectory as one supervised datum: loss on every assistant
     message, or on the last one (ART's `assistant_turns`), rendered by the run's renderer."""
     from art.tinker_native.data import convert_openai_messages_to_renderer_format
@@ -128,11 +143,15 @@ def sft_datums(trajectories: list[Any], renderer: Any, assistant_turns: str) -> 
     histories = [
         (history.messages(), history.tools)
         for trajectory in trajectories
-        for history in [trajectory, *trajectory.additional_histories]
+        for history in _histories(trajectory)
     ]
     return [
         conversation_to_datum(
-            convert_openai_messages_to_renderer_format(list(messages), tools, renderer),
+            convert_openai_messages_to_renderer_format(  # typed as plain dicts there
+                cast("list[dict[str, Any]]", list(messages)),
+                cast("list[dict[str, Any]] | None", tools),
+                renderer,
+            ),
             renderer,
             None,
             which,
@@ -143,7 +162,11 @@ def sft_datums(trajectories: list[Any], renderer: Any, assistant_turns: str) -> 
     ]
 
 
-def token_mean(batch: list[Any]) -> tuple[list[Any], float]:
+def _histories(trajectory: art.Trajectory) -> list[art.Trajectory | LegacyHistory]:
+    return [trajectory, *trajectory.additional_histories]
+
+
+def token_mean(batch: list[Datum]) -> tuple[list[Datum], float]:
     """The batch's datums with weights summing to one over all its trained tokens: the loss is
     the token mean, as TorchBackend's and TRL's SFT take it."""
     import tinker
@@ -165,7 +188,7 @@ def token_mean(batch: list[Any]) -> tuple[list[Any], float]:
     return weighted, total
 
 
-def batch_loss(output: Any, batch: list[Any]) -> float:
+def batch_loss(output: ForwardBackwardOutput, batch: list[Datum]) -> float:
     """The token-mean cross-entropy, from the per-token log-probabilities the engine returns
     (SkyRL reports no loss in its metrics)."""
     total = 0.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from art_rlvr.rundir.files import write_json_atomic  # noqa: F401  (torch_backend saves through it)
 
@@ -43,7 +43,7 @@ def _fsync_tree(folder: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(model_dir: Path, step: int, write: Any) -> Path:
+def write_checkpoint(model_dir: Path, step: int, write: Callable[[Path], object]) -> Path:
     """Call `write(tmp_folder)` then publish it as step `step`; returns the final folder."""
     final = checkpoint_dir(model_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`python -m art_rlvr.engines.skyrl`: SkyRL's Tinker-API engine on this machine, so that
+"""`python -m art_rlvr.backend.external.skyrl`: SkyRL's Tinker-API engine on this machine, so that
 `backend=tinker` runs without a Tinker account (on CPU here; on your GPUs SkyRL trains with
 FSDP or Megatron behind the same API).
 
@@ -40,11 +40,19 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL, cache_root, resolve_base_model
+from art_rlvr.backend.adapters.model_source import (
+    DEFAULT_BASE_MODEL,
+    cache_root,
+    resolve_base_model,
+)
+
+if TYPE_CHECKING:
+    from filelock import FileLock
+    from starlette.applications import Starlette
 
 ENV_PROJECT = Path(__file__).with_name("skyrl_env")
 SKYRL_VERSION = "0.4.0"
@@ -230,7 +238,7 @@ def with_weights_ids(listing: bytes) -> bytes:
     return json.dumps(body).encode()
 
 
-def compat_app(upstream: str) -> Any:
+def compat_app(upstream: str) -> Starlette:
     """An ASGI app that forwards every request to SkyRL's API at `upstream`, bridging the two
     differences above; SkyRL not answering is a 503 that says so."""
     import httpx
@@ -286,7 +294,7 @@ class ProxyThread:
     served from the caller's loop would never answer it (tinker-cookbook's `rl.train.main`
     timed out that way)."""
 
-    def __init__(self, app: Any, port: int) -> None:
+    def __init__(self, app: Starlette, port: int) -> None:
         import uvicorn
 
         config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="off")
@@ -316,7 +324,7 @@ class RunningEngine:
     log_path: Path
     process: subprocess.Popen[bytes]
     proxy: ProxyThread
-    lock: Any
+    lock: FileLock
     started_s: float = 0.0
     _stopped: bool = field(default=False, repr=False)
 
@@ -378,7 +386,7 @@ async def wait_ready(
         await asyncio.sleep(0.5)
 
 
-def take_lock(state: Path) -> Any:
+def take_lock(state: Path) -> FileLock:
     from filelock import FileLock, Timeout
 
     lock = FileLock(str(state / "engine.lock"))
@@ -435,8 +443,10 @@ async def start(settings: SkyRLSettings, *, log: Path | None = None) -> RunningE
 
 
 @contextlib.asynccontextmanager
-async def running(settings: SkyRLSettings, **kwargs: Any) -> AsyncIterator[RunningEngine]:
-    engine = await start(settings, **kwargs)
+async def running(
+    settings: SkyRLSettings, *, log: Path | None = None
+) -> AsyncIterator[RunningEngine]:
+    engine = await start(settings, log=log)
     try:
         yield engine
     finally:
@@ -448,7 +458,7 @@ async def running(settings: SkyRLSettings, **kwargs: Any) -> AsyncIterator[Runni
 
 def parse(argv: list[str]) -> SkyRLSettings:
     parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.engines.skyrl",
+        prog="python -m art_rlvr.backend.external.skyrl",
         description="SkyRL's Tinker-API engine on 127.0.0.1, for backend=tinker.",
     )
     parser.add_argument("--base-model", default=DEFAULT_BASE_MODEL)

@@ -22,9 +22,8 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from art_rlvr.backend.chat import canonical_message, canonical_tools, text_content
+from art_rlvr.backend.chat.render import canonical_message, canonical_tools, text_content
 
 DEFAULT_MAX_TURNS = 20_000  # ~40 MB at 250 tokens a turn; ART's off-policy trainers lag 4 steps
 
@@ -46,7 +45,7 @@ class ServedTurn:
         return list(self.prompt_ids), list(self.completion_ids), list(self.logprobs)
 
 
-def skeleton(message: Any, *, ids: bool = False) -> list[Any]:
+def skeleton(message: object, *, ids: bool = False) -> list[object]:
     """What every client keeps of a message: role, text, and each tool call's name and parsed
     arguments (LangChain re-serialises them, the Agents SDK keeps the model's text); with `ids`,
     also the call ids and a tool result's `tool_call_id` (the chat template renders them, and
@@ -58,27 +57,28 @@ def skeleton(message: Any, *, ids: bool = False) -> list[Any]:
         + ([c.get("id")] if ids else [])
         for c in m.get("tool_calls", [])
     ]
-    found = [role, text_content(m["content"]), calls]
+    found: list[object] = [role, text_content(m["content"]), calls]
     return [*found, m.get("tool_call_id")] if ids else found
 
 
-def _arguments_key(arguments: Any) -> str:
+def _arguments_key(arguments: object) -> str:
     if isinstance(arguments, str):
+        text = arguments
         try:
-            arguments = json.loads(arguments)
+            arguments = json.loads(text)
         except json.JSONDecodeError:
-            return arguments
+            return text
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
-def turn_key(messages: Sequence[Any], reply: Any, *, ids: bool = False) -> str:
+def turn_key(messages: Sequence[object], reply: object, *, ids: bool = False) -> str:
     """The key of a reply to a conversation (`ids`: with its tool call ids)."""
     data = [[skeleton(m, ids=ids) for m in messages], skeleton(reply, ids=ids)]
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def tools_key(tools: Sequence[Any] | None) -> str:
+def tools_key(tools: Sequence[object] | None) -> str:
     canonical = canonical_tools(tools)
     return json.dumps(canonical, sort_keys=True, ensure_ascii=False) if canonical else ""
 
@@ -98,11 +98,11 @@ class ServedLog:
 
     def add(
         self,
-        messages: Sequence[Any],
-        tools: Sequence[Any] | None,
+        messages: Sequence[object],
+        tools: Sequence[object] | None,
         response_id: str,
         prompt_ids: Sequence[int],
-        replies: Sequence[tuple[dict[str, Any], Sequence[int], Sequence[float], str]],
+        replies: Sequence[tuple[dict[str, object], Sequence[int], Sequence[float], str]],
     ) -> None:
         """Record the choices of one response: (message returned, ids, logprobs, finish)."""
         prompt = array("l", prompt_ids)
@@ -148,9 +148,9 @@ class ServedLog:
 
     def find(
         self,
-        messages: Sequence[Any],
-        tools: Sequence[Any] | None,
-        reply: Any,
+        messages: Sequence[object],
+        tools: Sequence[object] | None,
+        reply: object,
         response_id: str | None = None,
         claimed: set[tuple[str, int]] | None = None,
     ) -> ServedTurn | None:

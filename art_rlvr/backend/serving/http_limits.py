@@ -93,7 +93,7 @@ class OncePerSecond:
         self.last = 0.0
         self.folded = 0
 
-    def warn(self, message: str, *args: Any) -> None:
+    def warn(self, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self.last < 1.0:
             self.folded += 1
@@ -124,7 +124,7 @@ class CutAtShutdown(logging.LoggerAdapter):
     def level(self) -> int:  # uvicorn reads its logger's level
         return self.logger.level
 
-    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+    def error(self, msg: object, *args: object, **kwargs: object) -> None:
         if isinstance(kwargs.get("exc_info"), asyncio.CancelledError):
             self.logger.warning("cut a request still running at shutdown")
             return
@@ -227,7 +227,7 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     line a second instead; anything else goes to the default handler."""
     throttle = OncePerSecond()
 
-    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         error = context.get("exception")
         if isinstance(error, OSError) and "accept" in str(context.get("message", "")):
             throttle.warn("cannot accept a connection: %s", error.strerror or error)

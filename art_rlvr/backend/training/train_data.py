@@ -31,10 +31,11 @@ from typing import Any, Literal
 
 import art
 from art.trajectories import get_messages
+from art.types import MessagesAndChoices, Tools
 from openai.types.chat.chat_completion import Choice
 
-from art_rlvr.backend.chat import render_ids
-from art_rlvr.backend.served import ServedLog, ServedTurn
+from art_rlvr.backend.chat.render import render_ids
+from art_rlvr.backend.serving.served import ServedLog, ServedTurn
 
 AssistantTurns = Literal["all", "last"]
 
@@ -89,7 +90,9 @@ class TurnPolicy:
         """This policy for a new batch: nothing claimed yet."""
         return replace(self, claimed=set())
 
-    def find(self, prompt: list[Any], tools: Any, reply: Any) -> ServedTurn | None:
+    def find(
+        self, prompt: Sequence[object], tools: Sequence[object] | None, reply: object
+    ) -> ServedTurn | None:
         if self.served is None:
             return None
         response_id = (reply.model_extra or {}).get("id") if isinstance(reply, Choice) else None
@@ -168,7 +171,7 @@ def group_advantages(rewards: Sequence[float], *, scale: bool) -> list[float] | 
     return [c / (std + 1e-6) for c in centred]
 
 
-def histories(trajectory: art.Trajectory) -> list[tuple[list[Any], Any]]:
+def histories(trajectory: art.Trajectory) -> list[tuple[MessagesAndChoices, Tools | None]]:
     """(messages_and_choices, tools) of the main history, then of each additional one."""
     return [
         (list(trajectory.messages_and_choices), trajectory.tools),
@@ -176,12 +179,18 @@ def histories(trajectory: art.Trajectory) -> list[tuple[list[Any], Any]]:
     ]
 
 
-def render_prompt(tokenizer, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+def render_prompt(
+    tokenizer, messages: Sequence[dict[str, object]], **template_kwargs: Any
+) -> list[int]:
     """Token ids of the chat prompt, ending with the assistant generation header."""
     return render_ids(tokenizer, messages, **template_kwargs)
 
 
-def rendered_reply(tokenizer, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
+def rendered_reply(
+    tokenizer,
+    messages: Sequence[dict[str, object]],
+    tools: Sequence[dict[str, object]] | None = None,
+) -> list[int]:
     """Ids of the last (assistant) message as the template renders it after its prompt,
     ending with the end-of-turn token (the template's trailing newline is not generated)."""
     prefix = render_ids(tokenizer, messages[:-1], tools)

@@ -41,9 +41,9 @@ from contextlib import AbstractContextManager
 import torch
 from transformers import DynamicCache
 
-from art_rlvr.backend import invariant
-from art_rlvr.backend.constrained import Grammars
-from art_rlvr.backend.decode_batch import (
+from art_rlvr.backend.engine import invariant
+from art_rlvr.backend.engine.constrained import Grammars
+from art_rlvr.backend.engine.decode_batch import (
     MIN_SHARED_PREFIX,
     Batch,
     Job,
@@ -57,7 +57,8 @@ from art_rlvr.backend.decode_batch import (
     shared_prefix,
     spare_cache,
 )
-from art_rlvr.backend.engine_types import (
+from art_rlvr.backend.engine.sampler import sample, sample_tokens
+from art_rlvr.backend.engine.types import (
     Completion,
     ContextLengthError,
     EngineClosed,
@@ -67,9 +68,8 @@ from art_rlvr.backend.engine_types import (
     embedding_weight,
     eos_ids,
 )
-from art_rlvr.backend.malloc import release_free_memory
-from art_rlvr.backend.sampler import sample, sample_tokens
-from art_rlvr.backend.threads import ThreadTuner, set_threads, usable_cores
+from art_rlvr.backend.runtime.malloc import release_free_memory
+from art_rlvr.backend.runtime.threads import ThreadTuner, set_threads, usable_cores
 
 __all__ = [
     "Completion",

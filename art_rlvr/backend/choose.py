@@ -9,9 +9,9 @@ the backend through ART's public constructors:
 - `local`: `art.local.LocalBackend` (unsloth training + ART's managed vLLM runtime on this
   machine's NVIDIA GPUs);
 - `serverless`: `art.serverless.ServerlessBackend` (W&B Training; `WANDB_API_KEY`);
-- `tinker`: ART's `TinkerNativeBackend` with supervised steps (`engines.tinker`), on Thinking
+- `tinker`: ART's `TinkerNativeBackend` with supervised steps (`external.tinker`), on Thinking
   Machines' Tinker or on a self-hosted Tinker-API engine at `TINKER_BASE_URL` (a local SkyRL:
-  `python -m art_rlvr.engines.skyrl`); `TINKER_API_KEY`.
+  `python -m art_rlvr.backend.external.skyrl`); `TINKER_API_KEY`.
 
 Requirements were read from openpipe-art 0.5.23: `LocalBackend` imports torch at module level
 and unsloth when its training service starts, and installs its vLLM runtime with the `uv`
@@ -52,7 +52,7 @@ GPU_INSTALL = (
 # project's `tinker` extra, apart from the dev group, into an environment of their own.
 TINKER_RUN = "UV_PROJECT_ENVIRONMENT=.venv-tinker uv run --locked --extra tinker --no-dev"
 TINKER_INSTALL = f"{TINKER_RUN} python -m art_rlvr.run backend=tinker ..."
-SKYRL_START = "python -m art_rlvr.engines.skyrl"
+SKYRL_START = "python -m art_rlvr.backend.external.skyrl"
 WANDB_KEY_HELP = "export WANDB_API_KEY=<your key from https://wandb.ai/authorize>"
 TINKER_KEY_HELP = (
     "export TINKER_API_KEY=<your Tinker API key>; a self-hosted engine takes any, e.g. tml-local"
@@ -209,12 +209,12 @@ async def service_lost(
             await asyncio.sleep(every_s)
 
 
-def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, Any] | None:
+def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, object] | None:
     """ART's `_internal_config` entries a backend needs from the run: on tinker, the run's LoRA
     rank (ART's native default is 1) and, for the embedded model, its renderer."""
     if name != "tinker":
         return None
-    args: dict[str, Any] = {"training_client_args": {"rank": lora_rank}}
+    args: dict[str, object] = {"training_client_args": {"rank": lora_rank}}
     if base_model.startswith(EMBEDDED_PREFIX):
         args["renderer_name"] = EMBEDDED_RENDERER
     return {"tinker_native_args": args}
@@ -228,6 +228,21 @@ def check_requirements(name: str, base_model: str | None = None) -> None:
     missing = missing_requirements(name, base_model)
     if missing:
         raise BackendUnavailable(f"backend={name} needs " + "; and ".join(missing))
+
+
+def check_backend(name: str, base_model: str, chat_template: str | None) -> None:
+    """Everything the backend can reject before a run starts (no folder, model or connection
+    yet): `check_requirements`, then a self-hosted Tinker service that does not answer or does
+    not serve `base_model` (`BackendUnavailable`), then a base model without a chat template
+    when the run names none (`ChatTemplateError`)."""
+    from art_rlvr.backend.adapters.model_source import declares_chat_template
+    from art_rlvr.backend.chat.templates import ChatTemplateError, missing_template
+
+    check_requirements(name, base_model)
+    if problem := service_problem(name, base_model):
+        raise BackendUnavailable(f"backend={name}: {problem}")
+    if chat_template is None and declares_chat_template(base_model) is False:
+        raise ChatTemplateError(missing_template(base_model))
 
 
 # Features that only TorchBackend offers, and what happens elsewhere (logged at build time).
@@ -279,7 +294,7 @@ def build_backend(
         from art.serverless import ServerlessBackend
 
         return ServerlessBackend()
-    from art_rlvr.engines.tinker import TinkerBackend, register_embedded_tokenizer
+    from art_rlvr.backend.external.tinker import TinkerBackend, register_embedded_tokenizer
 
     if base_model is not None and base_model.startswith(EMBEDDED_PREFIX):
         register_embedded_tokenizer(base_model)

@@ -12,12 +12,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+if TYPE_CHECKING:
+    import art
+    import jinja2.parser
+    from transformers import PreTrainedTokenizerBase
 
 # "System: ...\nUser: ...\nAssistant: ..." with the end-of-sequence token closing each reply,
 # so a sampled reply stops there and a trained one learns to.
@@ -64,7 +69,7 @@ class _Generation(jinja2.ext.Extension):
 
     tags: set[str] = {"generation"}  # noqa: RUF012 (jinja2 declares it so, per instance)
 
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.Scope(body, lineno=lineno)
@@ -113,7 +118,9 @@ def configured_chat_template(internal_config: Mapping[str, Any] | None) -> str |
     return text
 
 
-def model_tokenizer(tokenizer: Any, model: Any, base_model: str) -> Any:
+def model_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, model: art.Model, base_model: str
+) -> PreTrainedTokenizerBase:
     """The tokenizer that renders `model`'s conversations: the base's, or a shallow copy with the
     model's configured template (ART copies tokenizers the same way). No template at all is a
     `ChatTemplateError` that names the setting."""
@@ -131,11 +138,11 @@ def trainable_model(
     project: str,
     base_model: str,
     chat_template: str | None = None,
-    internal: dict[str, Any] | None = None,
-) -> Any:
+    internal: Mapping[str, object] | None = None,
+) -> art.TrainableModel:
     """A run's `art.TrainableModel` (run_name = name). A chat template travels in ART's own
     `_internal_config`, which ART's backends and TorchBackend both read, to serve and train;
-    `internal` adds a backend's own entries (`backends.model_config`)."""
+    `internal` adds a backend's own entries (`choose.model_config`)."""
     import art
     from art.dev.model import InternalModelConfig
 

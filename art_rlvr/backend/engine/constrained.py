@@ -28,7 +28,7 @@ import torch
 import xgrammar as xgr
 from xgrammar.structural_tag import GrammarFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
-from art_rlvr.backend.chat import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from art_rlvr.backend.chat.render import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Arguments and JSON replies in json.dumps' layout, no free whitespace: the layout the model
 # has seen most, the one a re-rendered call has, and a 135M model under a flexible-whitespace
@@ -48,7 +48,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, parallel: bool) -> str:
     ).model_dump_json()
 
 
-def json_grammar(schema: dict[str, Any] | bool) -> str:
+def json_grammar(schema: dict[str, object] | bool) -> str:
     """The reply is one JSON value matching `schema` (`True`: any JSON object or value)."""
     return StructuralTag(format=_json(schema)).model_dump_json()
 
@@ -62,7 +62,7 @@ def _call_tag(function: dict[str, Any]) -> TagFormat:
     )
 
 
-def _json(schema: dict[str, Any] | bool) -> GrammarFormat:
+def _json(schema: dict[str, object] | bool) -> GrammarFormat:
     """JSON matching `schema` in one fixed layout (no free whitespace)."""
     return GrammarFormat(grammar=_json_ebnf(json.dumps(schema)))
 

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.backend import train as T
-from art_rlvr.backend.adapters import Trainee, exclusive
+from art_rlvr.backend.adapters.registry import Trainee, exclusive
+from art_rlvr.backend.training import train as T
 from art_rlvr.core.types import Loss
 
 

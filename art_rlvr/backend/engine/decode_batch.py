@@ -18,13 +18,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DummyLayer, DynamicLayer
 
-from art_rlvr.backend.engine_types import Completion, SamplingParams, TokenEvent
+from art_rlvr.backend.engine.types import Completion, SamplingParams, TokenEvent
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 @dataclass
@@ -34,7 +37,7 @@ class Request:
     params: SamplingParams
     n: int
     done: Callable[[list[Completion] | BaseException], None]
-    grammar: Any = None  # xgrammar.CompiledGrammar
+    grammar: xgr.CompiledGrammar | None = None
     on_token: Callable[[TokenEvent], None] | None = None
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False  # set from the server's loop when its client went away
@@ -59,7 +62,7 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # when top_logprobs > 0
-    matcher: Any = None  # xgrammar.GrammarMatcher for a constrained row
+    matcher: xgr.GrammarMatcher | None = None  # for a constrained row
     result: Completion | None = None
 
     @property
@@ -131,7 +134,7 @@ class SpareLayer(DynamicLayer):
     _value_buffer: torch.Tensor | None = None
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

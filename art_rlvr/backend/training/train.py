@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from art_rlvr.backend.engine_types import embedding_weight
-from art_rlvr.backend.train_data import (
+from art_rlvr.backend.engine.types import embedding_weight
+from art_rlvr.backend.training.train_data import (
     AssistantTurns,
     GroupStats,
     Sample,

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import jinja2
 import uvicorn
@@ -50,22 +50,22 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from art_rlvr.backend.chat import parse_tool_calls, scan
-from art_rlvr.backend.chat_request import MAX_REQUEST_BYTES, ChatRequest
-from art_rlvr.backend.engine import (
+from art_rlvr.backend.chat.render import parse_tool_calls, scan
+from art_rlvr.backend.engine.generation import (
     Completion,
     ContextLengthError,
     EngineClosed,
     SamplingParams,
     TokenEvent,
 )
-from art_rlvr.backend.http_limits import (
+from art_rlvr.backend.serving.chat_request import MAX_REQUEST_BYTES, ChatRequest
+from art_rlvr.backend.serving.http_limits import (
     ConnectionLimits,
     guarded_protocol,
     quiet_accept_errors,
     raise_descriptor_limit,
 )
-from art_rlvr.backend.served import ServedLog
+from art_rlvr.backend.serving.served import ServedLog
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,9 @@ Events = AsyncGenerator[TokenEvent | list[Completion], None]  # a streamed reque
 class Route:
     """What a model name resolves to: rendering, generation (whole or streamed), decoding."""
 
-    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], list[int]]
+    render: Callable[
+        [list[dict[str, object]], list[dict[str, object]] | None, dict[str, object]], list[int]
+    ]
     generate: Callable[[list[int], SamplingParams, int], Awaitable[list[Completion]]]
     stream: Callable[
         [list[int], SamplingParams, int], AsyncGenerator[TokenEvent | list[Completion], None]
@@ -133,7 +135,7 @@ class Renderer:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def policy_spans(policy: str | None, prompt_len: int, completion_len: int) -> dict[str, Any]:
+def policy_spans(policy: str | None, prompt_len: int, completion_len: int) -> dict[str, object]:
     """ART's per-choice policy provenance (`policy_token_spans`, `prompt_policy_token_spans`):
     every token of a completion comes from one immutable step adapter, so one span covers it.
     ART's PipelineTrainer refuses an evaluation whose Choices lack them."""
@@ -200,7 +202,7 @@ def build_app(
         return await call_next(request)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models() -> dict[str, object]:
         now = int(time.time())
         return {
             "object": "list",
@@ -296,8 +298,8 @@ def _logprobs(
     tokens: list[int],
     logprobs: list[float],
     tops: list[list[tuple[int, float]]] | None = None,
-) -> dict[str, Any]:
-    def entry(token: int, logprob: float) -> dict[str, Any]:
+) -> dict[str, object]:
+    def entry(token: int, logprob: float) -> dict[str, object]:
         label = _token_label(req, decode_token, token)
         return {"token": label, "logprob": logprob, "bytes": None}
 
@@ -310,7 +312,7 @@ def _logprobs(
     }
 
 
-def _message(req: ChatRequest, c: Completion) -> tuple[dict[str, Any], str]:
+def _message(req: ChatRequest, c: Completion) -> tuple[dict[str, object], str]:
     """The assistant message and finish reason: tool calls parsed out when tools are on (the
     first only without `parallel_tool_calls`); "length" whenever the budget cut the reply."""
     if not req.parses_tool_calls:
@@ -318,7 +320,7 @@ def _message(req: ChatRequest, c: Completion) -> tuple[dict[str, Any], str]:
     content, calls = parse_tool_calls(c.text)
     if not req.parallel_tool_calls:
         calls = calls[:1]
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message: dict[str, object] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
     finish = c.finish_reason if c.finish_reason == "length" or not calls else "tool_calls"
@@ -363,12 +365,12 @@ def _response(
     prompt_ids: list[int],
     completions: list[Completion],
     route: Route,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     decode_token = route.decode_token
     choices = []
     for index, c in enumerate(completions):
         message, finish_reason = _message(req, c)
-        choice: dict[str, Any] = {
+        choice: dict[str, object] = {
             "index": index,
             "message": message,
             "finish_reason": finish_reason,
@@ -380,7 +382,7 @@ def _response(
             choice["token_ids"] = c.token_ids
             choice |= policy_spans(route.policy, len(prompt_ids), len(c.token_ids))
         choices.append(choice)
-    payload: dict[str, Any] = {
+    payload: dict[str, object] = {
         "id": response_id,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -408,14 +410,14 @@ class _ChoiceStream:
     content: str = ""
     calls: int = 0
 
-    def deltas(self, text: str, *, final: bool) -> list[dict[str, Any]]:
+    def deltas(self, text: str, *, final: bool) -> list[dict[str, object]]:
         if not final:  # the engine cuts at a stop string only after reporting its token
             cut = min((text.find(s) for s in self.stops if s in text), default=len(text))
             holdback = max((len(s) for s in self.stops), default=1) - 1
             text = text[: min(cut, len(text) - holdback)].rstrip("\ufffd")
         content, calls = scan(text, final=final) if self.parse_tools else (text, [])
         calls = calls[: self.max_calls]
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         if len(content) > len(self.content) and content.startswith(self.content):
             out.append({"content": content[len(self.content) :]})
             self.content = content
@@ -446,13 +448,13 @@ async def _sse(
         "model": req.model,
     }
 
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+    def chunk(choices: list[dict[str, object]], **extra: object) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
     stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
     max_calls = None if req.parallel_tool_calls else 1
     streams = [_ChoiceStream(req.parses_tool_calls, stops, max_calls) for _ in range(req.n)]
-    opening = [
+    opening: list[dict[str, object]] = [
         {"index": i, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         for i in range(req.n)
     ]
@@ -477,7 +479,7 @@ async def _sse(
             stream = streams[item.index]
             stream.tokens.append(item.token_id)
             deltas = stream.deltas(route.decode(stream.tokens), final=False)
-            choice: dict[str, Any] = {"index": item.index, "finish_reason": None}
+            choice: dict[str, object] = {"index": item.index, "finish_reason": None}
             if req.logprobs:
                 choice["logprobs"] = _logprobs(
                     req, route.decode_token, [item.token_id], [item.logprob], [list(item.top)]

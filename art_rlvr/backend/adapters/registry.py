@@ -34,12 +34,12 @@ from peft.utils import get_peft_model_state_dict
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
-from art_rlvr.backend import checkpoints as ckpt
-from art_rlvr.backend.engine import GenerationEngine
-from art_rlvr.backend.merged import MergedWeights
-from art_rlvr.backend.model_source import resolve_base_model
-from art_rlvr.backend.served import ServedLog
-from art_rlvr.backend.server import ModelNotFound
+from art_rlvr.backend.adapters import checkpoints as ckpt
+from art_rlvr.backend.adapters.merged import MergedWeights
+from art_rlvr.backend.adapters.model_source import resolve_base_model
+from art_rlvr.backend.engine.generation import GenerationEngine
+from art_rlvr.backend.serving.served import ServedLog
+from art_rlvr.backend.serving.server import ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def serve(base: Base, adapter: str | None) -> Iterator[None]:
                 yield
 
 
-def exclusive(base: Base) -> contextlib.AbstractContextManager[Any]:
+def exclusive(base: Base) -> contextlib.AbstractContextManager[object]:
     """The model to ourselves: the engine lets running sequences finish and admits none."""
     return base.engine.exclusive() if base.engine is not None else base.lock
 

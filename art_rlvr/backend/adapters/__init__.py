@@ -1,0 +1,1 @@
+"""LoRA adapters per model and step on a shared base model, their checkpoints and sources."""

@@ -1,0 +1,1 @@
+"""The generation engine: continuous batching, batch-invariant forwards, sampling, grammars."""

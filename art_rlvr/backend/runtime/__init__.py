@@ -1,0 +1,1 @@
+"""Process tuning for CPU work: torch threads, OpenMP spinning, malloc."""

@@ -1,0 +1,1 @@
+"""Training: token data from trajectories, the losses, and the optimizer steps."""
