@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -375,13 +375,23 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------- command line
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.export",
-        description="Write a run's checkpoint as a merged Hugging Face model folder.",
-    )
-    parser.add_argument("run", type=Path, help="the run folder, e.g. runs/arith-rl-s0")
+def cli_parser(
+    prog: str,
+    description: str,
+    example_run: str,
+    options: Callable[[argparse.ArgumentParser], None],
+) -> argparse.ArgumentParser:
+    """An export command's parser: the run folder and --out, the command's own `options`,
+    then --force."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("run", type=Path, help=f"the run folder, e.g. {example_run}")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+    options(parser)
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    return parser
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="the checkpoint step (default: best val)")
     parser.add_argument(
         "--dtype",
@@ -389,8 +399,15 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="weights' dtype (default: the base model's own)",
     )
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return cli_parser(
+        "python -m art_rlvr.export",
+        "Write a run's checkpoint as a merged Hugging Face model folder.",
+        "runs/arith-rl-s0",
+        _options,
+    )
 
 
 def summary_lines(manifest: Mapping[str, object], out: Path) -> list[str]:

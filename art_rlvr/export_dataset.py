@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from art_rlvr.export import ExportError, check_out_dir, staged
+from art_rlvr.export import ExportError, check_out_dir, cli_parser, staged
 from art_rlvr.rundir.reader import RunFolderError, read_run_folder
 from art_rlvr.rundir.stored import Message, StoredTrajectory, TrajectoryFileError
 
@@ -224,18 +224,19 @@ def export_rollouts(
     return {name: len(rows) for name, rows in splits.items()}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.export_dataset",
-        description="Write a run's stored rollouts as a Hugging Face datasets folder.",
-    )
-    parser.add_argument("run", type=Path, help="the run folder, e.g. runs/arith-eval-s0")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only", nargs="+", help="only these trajectories files, e.g. val_0000 (default: all)"
     )
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return cli_parser(
+        "python -m art_rlvr.export_dataset",
+        "Write a run's stored rollouts as a Hugging Face datasets folder.",
+        "runs/arith-eval-s0",
+        _options,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
