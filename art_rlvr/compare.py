@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -56,13 +55,19 @@ class RunRecord(BaseModel):
     values: dict[str, float | None]
 
 
-def ablation(config: dict[str, Any]) -> str:
+def _section(config: Mapping[str, object], key: str) -> Mapping[str, object]:
+    """A nested block of a logged config (`policy`, `ei`); empty if unset."""
+    value = config.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def ablation(config: Mapping[str, object]) -> str:
     """The ablation a run belongs to, from its logged config (mode and flags)."""
     mode = config.get("mode", "rl")
-    policy = (config.get("policy") or {}).get("model")
+    policy = _section(config, "policy").get("model")
     if policy:
         return f"{EXTERNAL}{policy}"
-    ei = config.get("ei") or {}
+    ei = _section(config, "ei")
     with_ei = mode in ("ei", "gepa_rl_ei") or bool(config.get("enable_expert_iteration"))
     if mode == "eval":
         return "baseline (eval)"

@@ -21,16 +21,20 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from art_rlvr.backend import checkpoint_dir, list_steps
 from art_rlvr.core.text import first_line
 from art_rlvr.rundir.reader import RunFolder, RunFolderError, read_run_folder
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 MANIFEST = "art_rlvr_export.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -43,6 +47,21 @@ _REMOTE_BACKENDS = {
 
 class ExportError(RuntimeError):
     """A run or an output folder that cannot be used; one line, exit status 2."""
+
+
+class MergedModel(Protocol):
+    """What export uses of the merged transformers model (peft's `merge_and_unload` is
+    untyped)."""
+
+    @property
+    def config(self) -> PretrainedConfig: ...
+
+    @property
+    def generation_config(self) -> GenerationConfig: ...
+
+    def to(self, dtype: torch.dtype, /) -> MergedModel: ...
+
+    def save_pretrained(self, save_directory: Path, /) -> None: ...
 
 
 class ValEval(BaseModel):
@@ -83,6 +102,7 @@ class Checkpoint(BaseModel):
         return self.model_dir.parent.parent.name
 
     def adapter_config(self) -> dict[str, Any]:
+        """The checkpoint's adapter_config.json as peft wrote it (read by key, unvalidated)."""
         return json.loads((self.folder / "adapter_config.json").read_text())
 
 
@@ -115,7 +135,7 @@ def val_evals(run: RunFolder) -> list[ValEval]:
     return out
 
 
-def _model_dir(run: Path, config: dict[str, Any]) -> Path | None:
+def _model_dir(run: Path, config: Mapping[str, object]) -> Path | None:
     """The run's ART model folder: the only one under `.art`, else the one the config names."""
     found = sorted(p for p in (run / ".art").glob("*/models/*") if p.is_dir())
     if len(found) <= 1:
@@ -129,7 +149,7 @@ def _model_dir(run: Path, config: dict[str, Any]) -> Path | None:
     return named[0]
 
 
-def _run_model_name(config: dict[str, Any]) -> tuple[str | None, str | None]:
+def _run_model_name(config: Mapping[str, object]) -> tuple[str | None, str | None]:
     """(model name, project) as the run named them (`RunConfig.name`)."""
     from art_rlvr.config.run_config import RunConfig
 
@@ -137,8 +157,13 @@ def _run_model_name(config: dict[str, Any]) -> tuple[str | None, str | None]:
     try:
         cfg = RunConfig.model_validate({k: config[k] for k in keys if config.get(k) is not None})
     except ValueError:
-        return config.get("run_name"), config.get("project")
+        name, project = config.get("run_name"), config.get("project")
+        return _text(name), _text(project)
     return cfg.name, cfg.project
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _read_run(run: Path) -> RunFolder:
@@ -224,7 +249,7 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> int | list[int]:
+def _eos_ids(model: MergedModel, tokenizer: PreTrainedTokenizerBase) -> int | list[int]:
     """The ids TorchBackend stops on (generation config's and the tokenizer's end tokens), so
     transformers' `generate` and vLLM stop where the run's own server did."""
     found = model.generation_config.eos_token_id
@@ -261,7 +286,7 @@ def _readable(folder: Path) -> None:
         path.chmod(0o666 & ~umask)
 
 
-def merged_model(checkpoint: Checkpoint) -> tuple[Any, Any]:
+def merged_model(checkpoint: Checkpoint) -> tuple[MergedModel, PreTrainedTokenizerBase]:
     """The base model with the checkpoint's LoRA merged in (fp32 on CPU), and its tokenizer."""
     import torch
     from peft import PeftModel
@@ -280,10 +305,11 @@ def merged_model(checkpoint: Checkpoint) -> tuple[Any, Any]:
     if checkpoint.chat_template is not None:  # the run's template: the exported one renders
         tokenizer.chat_template = checkpoint.chat_template  # as the run served and trained
     peft = PeftModel.from_pretrained(base, str(checkpoint.folder), is_trainable=False)
-    return peft.merge_and_unload(), tokenizer
+    merged: MergedModel = peft.merge_and_unload()
+    return merged, tokenizer
 
 
-def _target_dtype(model: Any, dtype: Dtype) -> Any:
+def _target_dtype(model: MergedModel, dtype: Dtype) -> torch.dtype:
     import torch
 
     if dtype != "auto":
@@ -294,7 +320,7 @@ def _target_dtype(model: Any, dtype: Dtype) -> Any:
 
 def export(
     checkpoint: Checkpoint, out: Path, *, dtype: Dtype = "auto", force: bool = False
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Write the merged model to `out` (built beside it, then renamed into place: a failed
     export leaves no half folder). Returns the manifest, also saved as `art_rlvr_export.json`."""
     check_out_dir(out, checkpoint.run, force=force)
@@ -349,13 +375,23 @@ def staged(out: Path) -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------- command line
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.export",
-        description="Write a run's checkpoint as a merged Hugging Face model folder.",
-    )
-    parser.add_argument("run", type=Path, help="the run folder, e.g. runs/arith-rl-s0")
+def cli_parser(
+    prog: str,
+    description: str,
+    example_run: str,
+    options: Callable[[argparse.ArgumentParser], None],
+) -> argparse.ArgumentParser:
+    """An export command's parser: the run folder and --out, the command's own `options`,
+    then --force."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("run", type=Path, help=f"the run folder, e.g. {example_run}")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+    options(parser)
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    return parser
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="the checkpoint step (default: best val)")
     parser.add_argument(
         "--dtype",
@@ -363,11 +399,18 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="weights' dtype (default: the base model's own)",
     )
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
 
 
-def summary_lines(manifest: dict[str, Any], out: Path) -> list[str]:
+def _parser() -> argparse.ArgumentParser:
+    return cli_parser(
+        "python -m art_rlvr.export",
+        "Write a run's checkpoint as a merged Hugging Face model folder.",
+        "runs/arith-rl-s0",
+        _options,
+    )
+
+
+def summary_lines(manifest: Mapping[str, object], out: Path) -> list[str]:
     acc = manifest["val_accuracy"]
     lines = [
         f"exported {manifest['model']} step {manifest['step']} ({manifest['chosen_as']}) to {out}",

@@ -22,19 +22,61 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
-from art_rlvr.export import ExportError, check_out_dir, staged
+from art_rlvr.export import ExportError, check_out_dir, cli_parser, staged
 from art_rlvr.rundir.reader import RunFolderError, read_run_folder
 from art_rlvr.rundir.stored import Message, StoredTrajectory, TrajectoryFileError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 KINDS = ("train", "val", "test")
 FILE = re.compile(r"^(?P<kind>[a-z]+)_(?P<step>\d+)")
 
 
-def message_type() -> Any:
+class CalledFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class ToolCallRow(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class MessageRow(TypedDict):
+    """A message as `message_type` holds it."""
+
+    role: str
+    content: str
+    tool_calls: list[ToolCallRow] | None
+    tool_call_id: str | None
+    name: str | None
+
+
+class DatasetRow(TypedDict):
+    """One rollout as `schema` holds it."""
+
+    source: str
+    step: int | None
+    example_id: str | None
+    sample: int | None
+    seed: int | None
+    prompt: list[MessageRow]
+    completion: list[MessageRow]
+    reward: float
+    correct: bool
+    feedback: str
+    metrics: dict[str, float]
+    logs: list[str]
+    prompt_hash: str | None
+
+
+def message_type() -> pa.DataType:
     import pyarrow as pa
 
     function = pa.struct([("name", pa.string()), ("arguments", pa.string())])
@@ -50,7 +92,7 @@ def message_type() -> Any:
     )
 
 
-def schema(metric_names: Sequence[str]) -> Any:
+def schema(metric_names: Sequence[str]) -> pa.Schema:
     import pyarrow as pa
 
     message = pa.list_(message_type())
@@ -73,9 +115,9 @@ def schema(metric_names: Sequence[str]) -> Any:
     )
 
 
-def message(m: Message) -> dict[str, Any]:
+def message(m: Message) -> MessageRow:
     """A stored message in the export's one message shape (content as text)."""
-    calls = [
+    calls: list[ToolCallRow] = [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in m.tool_calls
     ]
@@ -88,7 +130,7 @@ def message(m: Message) -> dict[str, Any]:
     }
 
 
-def dataset_row(t: StoredTrajectory, source: str, step: int | None) -> dict[str, Any]:
+def dataset_row(t: StoredTrajectory, source: str, step: int | None) -> DatasetRow:
     first = len(t.opening)
     messages = [message(m) for m in t.episode]
     return {
@@ -120,7 +162,7 @@ def split_of(stem: str) -> tuple[str, int | None]:
     return "other", None
 
 
-def collect(run_dir: Path, only: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def collect(run_dir: Path, only: Sequence[str] | None = None) -> dict[str, list[DatasetRow]]:
     """The run's stored rollouts by split."""
     folder = run_dir / "trajectories"
     if not folder.is_dir():
@@ -135,7 +177,7 @@ def collect(run_dir: Path, only: Sequence[str] | None = None) -> dict[str, list[
                     f"{folder} has no {missing}; it has {sorted(f.label for f in files)}"
                 )
             files = [f for f in files if f.label in only]
-        splits: dict[str, list[dict[str, Any]]] = {}
+        splits: dict[str, list[DatasetRow]] = {}
         for f in files:
             split, step = split_of(f.label)
             rows = [dataset_row(t, f.label, step) for t in run.trajectories(f, strict=True)]
@@ -147,7 +189,7 @@ def collect(run_dir: Path, only: Sequence[str] | None = None) -> dict[str, list[
     return {k: v for k, v in splits.items() if v}
 
 
-def card(splits: dict[str, list[dict[str, Any]]], run: Path) -> str:
+def card(splits: Mapping[str, Sequence[DatasetRow]], run: Path) -> str:
     """README.md: the `configs` block `datasets` reads, and what the folder is."""
     files = "\n".join(
         f"  - split: {name}\n    path: data/{name}-*.parquet" for name in sorted(splits)
@@ -182,18 +224,19 @@ def export_rollouts(
     return {name: len(rows) for name, rows in splits.items()}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m art_rlvr.export_dataset",
-        description="Write a run's stored rollouts as a Hugging Face datasets folder.",
-    )
-    parser.add_argument("run", type=Path, help="the run folder, e.g. runs/arith-eval-s0")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only", nargs="+", help="only these trajectories files, e.g. val_0000 (default: all)"
     )
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    return cli_parser(
+        "python -m art_rlvr.export_dataset",
+        "Write a run's stored rollouts as a Hugging Face datasets folder.",
+        "runs/arith-eval-s0",
+        _options,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,8 @@
 `run_ei(ctx, config)` (art_rlvr.loops.ei) from the CLI; the parts (hint generation with its
 leak check, relabelling, the round) are importable on their own.
 
-Names resolve lazily: RunConfig imports `EIConfig`, and the CLI must be able to reject a bad
-key before `import art` (~20 s) happens.
+Lazy names, for the reason art_rlvr.gepa gives: `EIConfig` is read by RunConfig before
+`import art`.
 """
 
 from art_rlvr.core.lazy import lazy_exports

@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import art
 
@@ -55,6 +55,18 @@ from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.scenarios.scenario import Example, Scenario, batch_examples
 
 log = logging.getLogger(__name__)
+
+Prompt = list[dict[str, str]]
+
+
+@runtime_checkable
+class CompletionScorer(Protocol):
+    """A backend that scores sequences: summed log p(completion | prompt) per pair under the
+    current weights (TorchBackend's `score_completions`; ART's public API has none)."""
+
+    async def score_completions(
+        self, model: art.Model, prompts: Sequence[Prompt], completions: Sequence[str]
+    ) -> list[float]: ...
 
 
 @dataclass
@@ -247,7 +259,7 @@ async def hint_reliance(
     recovered: Sequence[Recovered],
     config: EIConfig,
     *,
-    backend: Any,
+    backend: art.Backend | None,
     model: art.Model,
     system_prompt: str | None,
 ) -> list[float] | None:
@@ -272,25 +284,25 @@ async def hint_reliance(
 
 
 async def score_reliance(
-    backend: Any,
+    backend: art.Backend | None,
     model: art.Model,
-    pairs: Sequence[tuple[list[dict[str, str]], list[dict[str, str]], str]],
+    pairs: Sequence[tuple[Prompt, Prompt, str]],
 ) -> list[float] | None:
     """HiLL's hint reliance per (hinted prompt, clean prompt, completion):
     log p(y | hinted) - log p(y | clean) in nats, under the current weights. None where the
     backend cannot score sequences (only TorchBackend's `score_completions` is known here)."""
-    scorer = getattr(backend, "score_completions", None)
     if not pairs:
         return None
-    if scorer is None:
+    if not isinstance(backend, CompletionScorer):
         log.info(
             "hint reliance: n/a on %s (needs sequence log-prob scoring, which only "
             "TorchBackend.score_completions offers; ART's public API has none)",
             type(backend).__name__,
         )
         return None
-    hinted = await scorer(model, [p[0] for p in pairs], [p[2] for p in pairs])
-    clean = await scorer(model, [p[1] for p in pairs], [p[2] for p in pairs])
+    completions = [p[2] for p in pairs]
+    hinted = await backend.score_completions(model, [p[0] for p in pairs], completions)
+    clean = await backend.score_completions(model, [p[1] for p in pairs], completions)
     return [h - c for h, c in zip(hinted, clean, strict=True)]
 
 
@@ -303,7 +315,7 @@ async def collect_round(
     *,
     system_prompt: str | None = None,
     teacher: LLMClient | None = None,
-    backend: Any = None,
+    backend: art.Backend | None = None,
     max_exceptions: int | float = 0,
 ) -> RoundOutput:
     """Sample, select, hint, verify and relabel one round; no weights change here."""
@@ -349,7 +361,7 @@ async def collect_round(
     stats = round_stats(
         round_index,
         config=cfg,
-        scenarios=len(batch),
+        batch_size=len(batch),
         groups=len(groups),
         selection=selection,
         hinted=hinted,
@@ -362,7 +374,7 @@ async def collect_round(
     )
     buffer = RoundBuffer(
         round=round_index,
-        scenario_ids=tuple(sc.id for sc in batch),
+        scenario_ids=tuple(example.id for example in batch),
         examples=tuple(examples),
         rl_groups=tuple(rl_groups) if cfg.distill == "rl" else (),
         hints=tuple(verified.records),
@@ -383,7 +395,7 @@ def sft_trajectories(buffer: RoundBuffer, config: EIConfig) -> list[art.Trajecto
 
 async def distill_round(
     model: art.TrainableModel,
-    backend: Any,
+    backend: art.Backend,
     buffer: RoundBuffer,
     config: EIConfig,
     *,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import art
 from art.types import MessageOrChoice
@@ -39,11 +39,11 @@ from art_rlvr.scenarios.scenario import Example
 
 
 def clean_messages(example: Example, system_prompt: str | None) -> tuple[dict[str, str], ...]:
-    """Exactly the messages a clean rollout of `scenario` sends."""
+    """Exactly the messages a clean rollout of `example` sends."""
     return tuple(dict(m) for m in example.messages(system_prompt))
 
 
-def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, Any], ...]:
+def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, object], ...]:
     """The messages before a trajectory's first sampled turn (for a rollout function's captured
     exchanges, those of its last request)."""
     items = trajectory_items(trajectory)
@@ -53,15 +53,15 @@ def opening_of(trajectory: art.Trajectory) -> tuple[dict[str, Any], ...]:
 
 def clean_opening(
     example: Example, system_prompt: str | None, trajectory: art.Trajectory
-) -> tuple[dict[str, Any], ...]:
+) -> tuple[dict[str, object], ...]:
     """The prompt an attempt is distilled under: the scenario's own, rebuilt (never taken from
     a rollout); a rollout function builds its own, so its clean or relabelled attempt's."""
     if example.scenario.rollout_fn is None:
-        return clean_messages(example, system_prompt)
+        return tuple(dict(m) for m in clean_messages(example, system_prompt))
     return opening_of(trajectory)
 
 
-def shared_opening(example: Example, system_prompt: str | None) -> tuple[dict[str, Any], ...]:
+def shared_opening(example: Example, system_prompt: str | None) -> tuple[dict[str, str], ...]:
     """The prompt a `distill=rl` group shares: the scenario's clean one. A rollout function's
     episodes each keep their own opening (an agent may word it differently every time)."""
     return () if example.scenario.rollout_fn is not None else clean_messages(example, system_prompt)
@@ -78,16 +78,24 @@ def relabel_hinted_episode(
     return relabel_function_episode(trajectory, clean, hinted_system(clean, hint))
 
 
-def message_text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, object]) -> str:
     """The words a message carries: its content (a string or text parts) and its tool calls."""
     content = message.get("content")
     parts = (
         [content]
         if isinstance(content, str)
-        else [str(p.get("text", "")) for p in content or () if isinstance(p, Mapping)]
+        else [str(p.get("text", "")) for p in _items(content) if isinstance(p, Mapping)]
     )
-    calls = [json.dumps(c.get("function", c)) for c in message.get("tool_calls") or ()]
+    calls = [
+        json.dumps(c.get("function", c) if isinstance(c, Mapping) else c)
+        for c in _items(message.get("tool_calls"))
+    ]
     return "\n".join([*parts, *calls])
+
+
+def _items(value: object) -> Sequence[object]:
+    """A message field that holds a list (text parts, tool calls): its items; none if unset."""
+    return value if isinstance(value, list | tuple) else ()
 
 
 def attempt_key(trajectory: art.Trajectory) -> tuple[str, ...]:
@@ -130,7 +138,7 @@ def without_token_data(choice: Choice) -> Choice:
 
 
 def relabel_episode(
-    trajectory: art.Trajectory, clean: Sequence[Mapping[str, Any]], hint: str
+    trajectory: art.Trajectory, clean: Sequence[Mapping[str, object]], hint: str
 ) -> art.Trajectory:
     """The hinted episode under the clean opening: every later turn kept, in order.
 
@@ -155,14 +163,16 @@ def relabel_episode(
 
 
 def relabelled(
-    trajectory: art.Trajectory, opening: Sequence[Mapping[str, Any]], later: Sequence[Any]
+    trajectory: art.Trajectory,
+    opening: Sequence[Mapping[str, object]],
+    later: Sequence[MessageOrChoice],
 ) -> art.Trajectory:
     """`trajectory` as the clean `opening` then its `later` items, sampled turns without the
     token data they got under the hinted prompt."""
     return art.Trajectory(
         messages_and_choices=[
             *[art_message(m) for m in opening],
-            *[without_token_data(i) if is_sampled(i) else art_message(i) for i in later],
+            *[art_message(i) if isinstance(i, Mapping) else without_token_data(i) for i in later],
         ],
         tools=trajectory.tools,
         reward=trajectory.reward,

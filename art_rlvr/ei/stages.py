@@ -81,7 +81,7 @@ def select_solved(
 ) -> Selection:
     """A solved scenario gives its best clean attempts (and its whole group, for
     `distill=rl`); an unsolved one goes on to the teacher."""
-    by_id = {sc.id: sc for sc in batch}
+    by_id = {example.id: example for example in batch}
     examples: list[DistillExample] = []
     rl_groups: list[RLGroup] = []
     unsolved: list[tuple[Example, art.TrajectoryGroup]] = []
@@ -142,14 +142,14 @@ def relabel_hinted(
     recovered: list[Recovered] = []
     records: list[HintRecord] = []
     attempts = correct = echoed = unrelabelled = 0
-    for item in hinted:
-        record, hint = item.outcome.record, item.outcome.hint
-        if item.group is not None and hint is not None:
-            group = item.group.trajectories
+    for retry in hinted:
+        record, hint = retry.outcome.record, retry.outcome.hint
+        if retry.group is not None and hint is not None:
+            group = retry.group.trajectories
             relabelled = [
                 t
                 for t in (
-                    relabel_hinted_episode(item.example, system_prompt, t, hint) for t in group
+                    relabel_hinted_episode(retry.example, system_prompt, t, hint) for t in group
                 )
                 if t is not None
             ]
@@ -162,7 +162,7 @@ def relabel_hinted(
                 update={"hinted_attempts": len(group), "hinted_correct": solved}
             )
             if best := best_attempts(usable, config.keep_per_x):
-                recovered.append(Recovered(item, best))
+                recovered.append(Recovered(retry, best))
         records.append(record)
     if unrelabelled:
         log.warning(
@@ -216,7 +216,7 @@ def round_stats(
     round_index: int,
     *,
     config: EIConfig,
-    scenarios: int,
+    batch_size: int,
     groups: int,
     selection: Selection,
     hinted: Sequence[Hinted],
@@ -227,7 +227,8 @@ def round_stats(
     per_token: Sequence[float],
     seconds: tuple[float, float],
 ) -> RoundStats:
-    """The round's numbers; `seconds` is (sampling, teacher and hinted rollouts)."""
+    """The round's numbers (`batch_size`: the examples sampled, `groups`: the groups that came
+    back); `seconds` is (sampling, teacher and hinted rollouts)."""
     outcomes = [h.outcome for h in hinted]
     solved = groups - len(selection.unsolved)
     return RoundStats(
@@ -237,7 +238,7 @@ def round_stats(
         clean_accuracy=_ratio(selection.correct, selection.attempts) or 0.0,
         clean_solved=solved,
         clean_solve_rate=_ratio(solved, groups) or 0.0,
-        rollout_errors=scenarios - groups + sum(h.error is not None for h in hinted),
+        rollout_errors=batch_size - groups + sum(h.error is not None for h in hinted),
         hints_requested=len(outcomes),
         hints_generated=sum(o.hint is not None for o in outcomes),
         hints_leak_rejected=sum(o.leak_rejected for o in outcomes),

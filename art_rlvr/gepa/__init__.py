@@ -1,6 +1,6 @@
 """GEPA prompt evolution over ART trajectory groups, with reflection through litellm.
 
-`result = await optimize_prompt(model, task, config=GEPAConfig(...))` in a notebook;
+`result = await optimize_prompt(model, scenario, config=GEPAConfig(...))` in a notebook;
 `run_gepa(ctx, config)` (art_rlvr.loops.gepa) from the CLI run loop.
 
 Names resolve lazily: RunConfig imports `GEPAConfig`, and the CLI must be able to reject a bad

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import art
 from gepa.core.adapter import EvaluationBatch
@@ -43,7 +42,9 @@ __all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "exampl
 COMPONENT = "system_prompt"
 
 
-def split_episode(trajectory: art.Trajectory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_episode(
+    trajectory: art.Trajectory,
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """(what the policy was given, the episode from its first sampled turn on), as message
     dicts: the inputs of a multi-turn episode are its opening messages, not its tool results."""
     messages = turns(trajectory)
@@ -124,10 +125,10 @@ class ARTPromptAdapter:
             for group in groups:
                 self.store.put(example_eval(group, prompt))
         out = []
-        for sc in examples:
-            ev = self.store.get(prompt, sc.id)
+        for example in examples:
+            ev = self.store.get(prompt, example.id)
             if ev is None:
-                raise RuntimeError(f"no evaluation came back for scenario {sc.id}")
+                raise RuntimeError(f"no evaluation came back for scenario {example.id}")
             out.append(ev)
         return out
 

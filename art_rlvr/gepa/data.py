@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,7 @@ class RolloutTrace(BaseModel):
     correct: bool | None = None  # `outcome.is_correct`; None in journals written before it
     feedback: str = ""
     truncated: bool = False
-    episode: tuple[dict[str, Any], ...] = ()
+    episode: tuple[dict[str, object], ...] = ()
 
     @property
     def solved(self) -> bool:

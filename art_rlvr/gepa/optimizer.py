@@ -139,7 +139,7 @@ async def run_optimizer(
     files = GEPAFiles(Path(run_dir) if run_dir is not None else None)
     pareto, feedback = split_train(scenario.splits["train"], cfg.pareto_size, cfg.seed)
     starts = list(dict.fromkeys([seed_prompt, *carry]))
-    fp = fingerprint(cfg, scenario, "\n---\n".join(starts), [sc.id for sc in pareto])
+    fp = fingerprint(cfg, scenario, "\n---\n".join(starts), [example.id for example in pareto])
     state = open_state(files, cfg, fp)
     replies, counters = journaled_replies(files.journal.load())
     store = EvalStore(cfg.max_metric_calls, files.journal)
@@ -219,10 +219,10 @@ async def optimize_prompt(
     run_dir: Path | str | None = None,
     carry: Sequence[str] = (),
 ) -> GEPAResult:
-    """Evolve `seed_prompt` (default: the config's, else the task's) for `model` on `task`
-    (`carry`: more starting prompts, e.g. an earlier frontier).
+    """Evolve `seed_prompt` (default: the config's, else the scenario's) for `model` on
+    `scenario` (`carry`: more starting prompts, e.g. an earlier frontier).
 
-    For notebooks: `result = await optimize_prompt(model, task, config=GEPAConfig(...))`.
+    For notebooks: `result = await optimize_prompt(model, scenario, config=GEPAConfig(...))`.
     With `run_dir`, the run is journaled there and resumes where it stopped."""
     result, _ = await run_optimizer(
         model,

@@ -8,23 +8,25 @@ once per run by the optimizer and passed explicitly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.data import Candidate, GEPAState, HistoryEvent, Rejection
 from art_rlvr.gepa.reflection import check_proposal, normalize
 from art_rlvr.gepa.store import EvalStore, Journal
-from art_rlvr.llm.client import LLMClient, LLMCounters, LLMError, LLMReply
+from art_rlvr.llm.client import ErrorKind, LLMClient, LLMCounters, LLMError, LLMReply
 from art_rlvr.scenarios.scenario import Example
 
 log = logging.getLogger(__name__)
 
 
 def unique(examples: Sequence[Example]) -> list[Example]:
-    return list({sc.id: sc for sc in examples}.values())
+    return list({example.id: example for example in examples}.values())
 
 
 def known_prompts(
@@ -40,13 +42,35 @@ def stop(state: GEPAState, reason: str) -> GEPAState:
     return state.model_copy(update={"stop_reason": reason})
 
 
+class ReflectionFailure(BaseModel):
+    """A non-fatal reflection error as the journal keeps it, to be raised again on resume."""
+
+    model_config = ConfigDict(frozen=True)
+
+    message: str
+    kind: ErrorKind
+    status: int | None = None
+
+
+class JournaledReply(BaseModel):
+    """A journal's `reflection` record: the reply (or the non-fatal error) asked under `key`,
+    and the client's counters right after it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    reply: LLMReply | None = None
+    error: ReflectionFailure | None = None
+    counters: dict[str, object] = Field(default_factory=dict)
+
+
 def journaled_replies(
-    records: Sequence[dict[str, Any]],
-) -> tuple[dict[str, dict[str, Any]], LLMCounters]:
+    records: Sequence[Mapping[str, object]],
+) -> tuple[dict[str, JournaledReply], LLMCounters]:
     """The reflection replies of a journal by key, and the client's counters as of the last."""
-    replies = {r["key"]: r for r in records if r.get("type") == "reflection"}
-    last = [r["counters"] for r in records if r.get("type") == "reflection"]
-    return replies, LLMCounters.restore(last[-1]) if last else LLMCounters()
+    asked = [JournaledReply.model_validate(r) for r in records if r.get("type") == "reflection"]
+    replies = {r.key: r for r in asked}
+    return replies, LLMCounters.restore(asked[-1].counters) if asked else LLMCounters()
 
 
 @dataclass
@@ -56,37 +80,52 @@ class ReflectionCalls:
 
     client: LLMClient
     journal: Journal
-    replies: dict[str, dict[str, Any]]
+    replies: dict[str, JournaledReply]
 
     async def ask(self, key: str, messages: list[dict[str, str]]) -> LLMReply:
-        if key in self.replies:
-            done = self.replies[key]
-            if "error" in done:
-                e = done["error"]
-                raise LLMError(e["message"], kind=e["kind"], status=e.get("status"))
-            return LLMReply.model_validate(done["reply"])
+        done = self.replies.get(key)
+        if done is not None and done.error is not None:
+            e = done.error
+            raise LLMError(e.message, kind=e.kind, status=e.status)
+        if done is not None and done.reply is not None:
+            return done.reply
         try:
             reply = await self.client.acomplete(messages)
         except LLMError as error:
             if not error.fatal:
-                record = {
-                    "error": {"message": str(error), "kind": error.kind, "status": error.status}
-                }
-                self._record(key, record)
+                failure = ReflectionFailure(
+                    message=str(error), kind=error.kind, status=error.status
+                )
+                self._record(key, failure)
             raise
-        self._record(key, {"reply": reply.model_dump(mode="json")})
+        self._record(key, reply)
         return reply
 
-    def _record(self, key: str, record: dict[str, Any]) -> None:
-        self.replies[key] = record
+    def _record(self, key: str, outcome: LLMReply | ReflectionFailure) -> None:
+        counters = self.client.counters.snapshot()
+        if isinstance(outcome, LLMReply):
+            field, entry = "reply", JournaledReply(key=key, reply=outcome, counters=counters)
+        else:
+            field, entry = "error", JournaledReply(key=key, error=outcome, counters=counters)
+        self.replies[key] = entry
         self.journal.append(
             {
                 "type": "reflection",
                 "key": key,
-                **record,
-                "counters": self.client.counters.snapshot(),
+                field: outcome.model_dump(mode="json"),
+                "counters": counters,
             }
         )
+
+
+class IterationFacts(TypedDict):
+    """What every history event of one iteration repeats (`HistoryEvent`'s fields)."""
+
+    iteration: int
+    parents: tuple[int, ...]
+    minibatch: tuple[str, ...]
+    score_before: float
+    parent_scores: NotRequired[tuple[float, ...]]
 
 
 @dataclass
@@ -99,12 +138,13 @@ class Run:
     feedback: list[Example]
 
     def cost(self, prompt: str | None, examples: Sequence[Example]) -> int:
-        """Metric calls to evaluate `prompt` on `scenarios` (None: a new prompt, nothing cached)."""
+        """Metric calls to evaluate `prompt` on `examples` (None: a new prompt, nothing cached)."""
         todo = unique(examples) if prompt is None else self.store.missing(prompt, examples)
         return self.config.evaluation_cost(len(todo))
 
-    def event(self, **fields: Any) -> HistoryEvent:
-        return HistoryEvent(metric_calls=self.store.spent, **fields)
+    def event(self, **fields: object) -> HistoryEvent:
+        """A history event of `HistoryEvent`'s fields, stamped with the calls spent so far."""
+        return HistoryEvent.model_validate({**fields, "metric_calls": self.store.spent})
 
 
 async def propose(
@@ -116,7 +156,7 @@ async def propose(
     build: Callable[[Sequence[Rejection]], list[dict[str, str]]],
     parent_prompts: Sequence[str],
     answers: Sequence[str],
-    base: dict[str, Any],
+    base: IterationFacts,
 ) -> tuple[GEPAState, str | None]:
     """Ask until a reply passes `check_proposal` (or attempts run out); every refused reply is
     a history event with its rejection kind, and a refused prompt is remembered and shown on
@@ -125,13 +165,13 @@ async def propose(
     history, rejections = list(state.history), list(state.rejections)
     counts = dict(state.counts)
 
-    def settled(**update: Any) -> GEPAState:
+    def settled(error_streak: int) -> GEPAState:
         return state.model_copy(
             update={
                 "history": tuple(history),
                 "rejections": tuple(rejections),
                 "counts": counts,
-                **update,
+                "error_streak": error_streak,
             }
         )
 

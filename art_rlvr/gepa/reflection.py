@@ -11,7 +11,6 @@ back out of the reason's words.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from gepa.strategies.instruction_proposal import InstructionProposalSignature
 from pydantic import BaseModel, ConfigDict
@@ -136,7 +135,7 @@ def rejected_section(rejections: Sequence[Rejection], max_chars: int = 600) -> s
 
 def reflection_messages(
     prompt: str,
-    dataset: Sequence[Mapping[str, Any]],
+    dataset: Sequence[Mapping[str, str]],
     rejections: Sequence[Rejection],
     max_chars: int,
 ) -> list[dict[str, str]]:
@@ -192,9 +191,9 @@ def gold_answers_for_leak_check(examples: Iterable[Example], answer_field: str) 
     `answer_field`. This is the only place GEPA looks inside a record, and only to refuse a
     prompt that copies an answer; records without the field are not checked."""
     return [
-        str(sc.x[answer_field]).strip()
-        for sc in examples
-        if answer_field in sc.x and str(sc.x[answer_field]).strip()
+        str(example.x[answer_field]).strip()
+        for example in examples
+        if answer_field in example.x and str(example.x[answer_field]).strip()
     ]
 
 

@@ -27,7 +27,7 @@ class GEPAResult(BaseModel):
     metric_calls_used: int
     max_metric_calls: int
     reflector: str
-    reflection: dict[str, Any]
+    reflection: dict[str, Any]  # `LLMCounters.snapshot()`, as the llm client types it
     counts: dict[str, int]
     seed_val_accuracy: float | None = None
     best_val_accuracy: float | None = None
@@ -50,7 +50,7 @@ class GEPAResult(BaseModel):
             )
         )
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """Flat fields for a run's summary.json."""
         return {
             "best_prompt": self.best_prompt,

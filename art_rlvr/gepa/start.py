@@ -36,12 +36,12 @@ def choose_seed_prompt(
     scenario_default: str,
 ) -> str:
     """The one precedence for the prompt GEPA starts from: a prompt passed in by the caller,
-    else GEPA's `seed_prompt`, else the run's `system_prompt`, else the task's default."""
+    else GEPA's `seed_prompt`, else the run's `system_prompt`, else the scenario's default."""
     return next((p for p in (given, gepa, run) if p is not None), scenario_default)
 
 
 def start_problem(config: GEPAConfig, scenario: Scenario, seed_prompt: str) -> str | None:
-    """Why GEPA cannot start on `task` from `seed_prompt` (too few train records for the Pareto
+    """Why GEPA cannot start on `scenario` from `seed_prompt` (too few train records for the Pareto
     set, a seed over the prompt limit, a budget that cannot even score the seed), or None. The
     CLI asks before any model loads; the optimizer checks the same limits when it starts."""
     fn = scenario.rollout_fn

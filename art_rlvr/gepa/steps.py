@@ -11,7 +11,6 @@ import logging
 import random
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from art_rlvr.gepa.data import (
     Candidate,
@@ -21,7 +20,7 @@ from art_rlvr.gepa.data import (
     RejectionKind,
 )
 from art_rlvr.gepa.pareto import eviction, frontier_indices, select_parent
-from art_rlvr.gepa.propose import Run, propose, stop
+from art_rlvr.gepa.propose import IterationFacts, Run, propose, stop
 from art_rlvr.gepa.reflection import (
     gold_answers_for_leak_check,
     merge_messages,
@@ -82,7 +81,7 @@ async def admit(
     prompt: str,
     *,
     kind: str,
-    base: dict[str, Any],
+    base: IterationFacts,
     score_after: float,
 ) -> GEPAState:
     """Score an accepted child on the Pareto set and add it to the pool (capped)."""
@@ -142,13 +141,27 @@ async def admit(
     )
 
 
-def refuse(run: Run, state: GEPAState, prompt: str, reason: str, **fields: Any) -> GEPAState:
+def refuse(
+    run: Run,
+    state: GEPAState,
+    prompt: str,
+    reason: str,
+    *,
+    kind: str,
+    base: IterationFacts,
+    score_after: float,
+) -> GEPAState:
     """An evaluated child that did not beat its parent(s): remembered, never re-proposed."""
     event = run.event(
-        prompt=prompt, reason=reason, rejection=RejectionKind.NO_IMPROVEMENT, **fields
+        prompt=prompt,
+        reason=reason,
+        rejection=RejectionKind.NO_IMPROVEMENT,
+        kind=kind,
+        score_after=score_after,
+        **base,
     )
-    log.info("iteration %d: rejected: %s", fields["iteration"], reason)
-    rejection = Rejection(iteration=fields["iteration"], prompt=prompt, reason=reason)
+    log.info("iteration %d: rejected: %s", base["iteration"], reason)
+    rejection = Rejection(iteration=base["iteration"], prompt=prompt, reason=reason)
     return state.model_copy(
         update={
             "history": (*state.history, event),
@@ -177,10 +190,10 @@ async def reflective_step(run: Run, state: GEPAState) -> GEPAState:
         return budget_stop(run, state, need)
     before_evals = await run.adapter.aevaluate(minibatch, parent.prompt)
     before = mean_score(before_evals)
-    base: dict[str, Any] = {
+    base: IterationFacts = {
         "iteration": i,
         "parents": (parent.index,),
-        "minibatch": tuple(sc.id for sc in minibatch),
+        "minibatch": tuple(example.id for example in minibatch),
         "score_before": before,
     }
     if all(ev.perfect for ev in before_evals):
@@ -226,7 +239,7 @@ async def reflective_step(run: Run, state: GEPAState) -> GEPAState:
         f"minibatch score {after:.3f} vs its parent's {before:.3f}: not above it by more than "
         f"{cfg.min_improvement_threshold:g}"
     )
-    return refuse(run, state, prompt, reason, kind="reflection", score_after=after, **base)
+    return refuse(run, state, prompt, reason, kind="reflection", base=base, score_after=after)
 
 
 async def merge_step(run: Run, state: GEPAState) -> tuple[GEPAState, bool]:
@@ -259,10 +272,10 @@ async def merge_step(run: Run, state: GEPAState) -> tuple[GEPAState, bool]:
     state = state.model_copy(
         update={"merges_due": state.merges_due - 1, "merges_done": state.merges_done + 1}
     )
-    base: dict[str, Any] = {
+    base: IterationFacts = {
         "iteration": i,
         "parents": (a, b),
-        "minibatch": tuple(sc.id for sc in minibatch),
+        "minibatch": tuple(example.id for example in minibatch),
         "parent_scores": (sa, sb),
         "score_before": max(sa, sb),
     }
@@ -282,4 +295,4 @@ async def merge_step(run: Run, state: GEPAState) -> tuple[GEPAState, bool]:
     if after - max(sa, sb) >= cfg.min_improvement_threshold:
         return await admit(run, state, prompt, kind="merge", base=base, score_after=after), True
     reason = f"minibatch score {after:.3f} below the better parent's {max(sa, sb):.3f}"
-    return refuse(run, state, prompt, reason, kind="merge", score_after=after, **base), True
+    return refuse(run, state, prompt, reason, kind="merge", base=base, score_after=after), True

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -38,7 +38,7 @@ class Journal:
     def __init__(self, path: Path | None) -> None:
         self.path = path
 
-    def append(self, record: Mapping[str, Any]) -> None:
+    def append(self, record: Mapping[str, object]) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,11 +47,12 @@ class Journal:
             handle.flush()
             os.fsync(handle.fileno())
 
-    def load(self) -> list[dict[str, Any]]:
+    def load(self) -> list[dict[str, object]]:
+        """The records as they were appended (JSON objects, read by their `type`)."""
         if self.path is None or not self.path.exists():
             return []
         drop_torn_tail(self.path)  # a write cut by a kill: that record never happened
-        out = []
+        out: list[dict[str, object]] = []
         for number, line in enumerate(self.path.read_text().splitlines(), 1):
             try:
                 out.append(json.loads(line))
@@ -85,7 +86,7 @@ class EvalStore:
 
     def missing(self, prompt: str, examples: Sequence[Example]) -> list[Example]:
         """Scenarios (deduplicated, in order) this prompt has no result for yet."""
-        todo = {sc.id: sc for sc in examples if self.get(prompt, sc.id) is None}
+        todo = {e.id: e for e in examples if self.get(prompt, e.id) is None}
         return list(todo.values())
 
     def reserve(self, calls: int) -> None:
@@ -103,7 +104,7 @@ class EvalStore:
         self.spent += len(ev.rollouts)
 
 
-def write_jsonl_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+def write_jsonl_atomic(path: Path, rows: Sequence[Mapping[str, object]]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w") as handle:
         handle.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

@@ -12,7 +12,6 @@ stays one file that opens offline; without script the static samples above it st
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from art_rlvr.report.markup import clip, esc, num, section
 from art_rlvr.report.samples import episode_counts, episode_lines
@@ -22,7 +21,7 @@ from art_rlvr.rundir.stored import Message
 PAGE_SIZE = 50  # rollouts listed at a time ("show more" adds as many)
 
 
-def _message(label: str, cls: str, m: Message) -> list[Any]:
+def _message(label: str, cls: str, m: Message) -> list[object]:
     calls = [[c.name, clip(c.arguments)] for c in m.tool_calls]
     return [label, cls, clip(m.content), calls]
 
@@ -33,7 +32,7 @@ def step_key(r: Rollout) -> str:
     return str(f.index) if f.index is not None else f.tag or f.label
 
 
-def row(r: Rollout, unit: str) -> dict[str, Any]:
+def row(r: Rollout, unit: str) -> dict[str, object]:
     """One rollout as the browser's script reads it."""
     t, f = r.trajectory, r.file
     counts = episode_counts(t)
@@ -58,7 +57,7 @@ def row(r: Rollout, unit: str) -> dict[str, Any]:
     }
 
 
-def script_json(data: Any) -> str:
+def script_json(data: object) -> str:
     """JSON that is safe inside a <script> element: no `<`, `>` or `&` survives as itself."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")

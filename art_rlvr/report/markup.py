@@ -7,12 +7,11 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 MAX_TEXT = 4000
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -30,7 +29,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", str(text).lower()).strip("-") or "x"
 
 
-def num(value: Any, digits: int = 3) -> str:
+def num(value: object, digits: int = 3) -> str:
     """Scores with `digits` decimals, large floats (seconds, MB) with one; '-' for None."""
     if value is None:
         return "-"
@@ -39,7 +38,7 @@ def num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def duration(seconds: Any) -> str:
+def duration(seconds: object) -> str:
     if not isinstance(seconds, int | float):
         return "-"
     minutes, secs = divmod(round(seconds), 60)
@@ -47,7 +46,7 @@ def duration(seconds: Any) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]], cls: str = "") -> str:
+def table(header: Sequence[str], rows: Iterable[Sequence[object]], cls: str = "") -> str:
     """A table of already-formatted cells (cells are escaped here)."""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)

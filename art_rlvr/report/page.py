@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
 
 from art_rlvr.config.run_config import MODE_TITLES
 from art_rlvr.report.browser import browser_section
@@ -73,9 +73,9 @@ CAPTIONS = {
 }
 
 
-def config_value(config: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+def config_value(config: Mapping[str, object], dotted: str) -> tuple[bool, object]:
     """(found, value) of a dotted key such as `gepa.max_metric_calls`."""
-    value: Any = config
+    value: object = config
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
             return False, None
@@ -123,7 +123,7 @@ def notes_box(run: RunFolder) -> str:
     return f'<section id="notes" class="note"><ul>{items}</ul></section>'
 
 
-def progress(run: RunFolder) -> dict[str, Any]:
+def progress(run: RunFolder) -> dict[str, object]:
     """Numbers of an unfinished run, from metrics.jsonl (a finished one has summary.json)."""
     train = run.events(TrainEvent)
     val = [e for e in run.events(EvalEvent) if e.split == "val"]
@@ -138,7 +138,9 @@ def progress(run: RunFolder) -> dict[str, Any]:
 
 
 def summary_section(run: RunFolder) -> str:
-    numbers = run.summary.model_dump() if run.summary is not None else progress(run)
+    numbers: Mapping[str, object] = (
+        run.summary.model_dump() if run.summary is not None else progress(run)
+    )
     cards = [
         f'<div class="card"><span>{esc(label)}</span><b>{esc(num(numbers[key]))}</b></div>'
         for label, key in SUMMARY_KEYS

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -34,7 +34,7 @@ EI_COUNTERS = (
 )
 
 
-def _figure(height: float = 3.4) -> tuple[Figure, Any]:
+def _figure(height: float = 3.4) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(9, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -53,7 +53,7 @@ def _rendered(fig: Figure | None) -> bytes | None:
     return None if fig is None else _png(fig)
 
 
-def _step_axis(ax: Any, xs: Sequence[float]) -> None:
+def _step_axis(ax: Axes, xs: Sequence[float]) -> None:
     """Steps and rounds are whole numbers: integer ticks only, and a run with one step (an
     evaluation) gets a readable axis around it instead of ticks from -0.045 to 0.045."""
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -74,20 +74,18 @@ def unit_limits(values: Sequence[float]) -> tuple[float, float]:
     return low - pad, high + pad
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _number(record: Event, key: str) -> float | None:
+    """A field of a typed event, or one of its extras (`train/loss`, a round counter), if it
+    is a number (a bool is not)."""
+    value: object = getattr(record, key, None)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _field(record: Event, key: str) -> Any:
-    """A field of a typed event, or one of its extras (`train/loss`, a round counter)."""
-    return getattr(record, key, None)
-
-
-def _series(records: Sequence[Event], key: str, x: str = "step") -> tuple[list, list]:
+def _series(records: Sequence[Event], key: str, x: str = "step") -> tuple[list[float], list[float]]:
     pairs = [
-        (_field(r, x), _field(r, key))
+        (px, py)
         for r in records
-        if _is_number(_field(r, x)) and _is_number(_field(r, key))
+        if (px := _number(r, x)) is not None and (py := _number(r, key)) is not None
     ]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
@@ -225,19 +223,23 @@ def ei_counters(rounds: Sequence[EIRoundEvent]) -> bytes | None:
 
 def gepa_proposals(proposals: Sequence[Proposal]) -> bytes | None:
     """Each scored proposal: its parent's minibatch mean against its own, accepted in green."""
-    scored = [p for p in proposals if p.score_before is not None and p.score_after is not None]
+    scored = [
+        (p.accepted, before, after)
+        for p in proposals
+        if (before := p.score_before) is not None and (after := p.score_after) is not None
+    ]
     if not scored:
         return None
     fig, ax = _figure(3.0)
-    for n, p in enumerate(scored):
-        colour = GREEN if p.accepted else RED
-        ax.plot([n, n], [p.score_before, p.score_after], color=colour, alpha=0.6)
-        ax.plot(n, p.score_before, "o", color=GREY, ms=4)
-        ax.plot(n, p.score_after, "^", color=colour, ms=6)
+    for n, (accepted, before, after) in enumerate(scored):
+        colour = GREEN if accepted else RED
+        ax.plot([n, n], [before, after], color=colour, alpha=0.6)
+        ax.plot(n, before, "o", color=GREY, ms=4)
+        ax.plot(n, after, "^", color=colour, ms=6)
     ax.plot([], [], "o", color=GREY, label="parent (minibatch mean)")
     ax.plot([], [], "^", color=GREEN, label="proposal, accepted")
     ax.plot([], [], "^", color=RED, label="proposal, rejected")
-    means = [v for p in scored for v in (p.score_before, p.score_after) if v is not None]
+    means = [v for _, before, after in scored for v in (before, after)]
     ax.set(xlabel="scored proposal #", ylabel="minibatch mean reward", ylim=unit_limits(means))
     ax.set_xlim(-0.5, len(scored) - 0.5)
     if len(scored) <= 20:

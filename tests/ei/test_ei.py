@@ -241,18 +241,18 @@ def test_hinted_completions_that_quote_the_hint_are_recognised(
 
 
 async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
-    backend, model, task
+    backend, model, scenario
 ) -> None:
     """A real hinted rollout (its Choice holds the hinted prompt's token ids) relabelled: what
     SFT and RL would train on is the clean prompt and the completion, token for token."""
-    scenario = task.splits["train"][0]
+    record = scenario.splits["train"][0]
     system = "Reply with only the final number."
     hint = "Marker-Q7 consider the units digit first."
-    clean = list(clean_messages(scenario, system))
-    assert clean == scenario.messages(system)
+    clean = list(clean_messages(record, system))
+    assert clean == record.messages(system)
     group = await hinted_group(
         model,
-        scenario,
+        record,
         hinted_prompt(clean, hint),
         2,
         SamplingConfig(max_tokens=8, temperature=1.0),
@@ -260,7 +260,7 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
     )
     hinted = group.trajectories[0]
     assert "prompt_token_ids" in (hinted.messages_and_choices[-1].model_extra or {})
-    example = example_from(scenario, system, hinted, "hinted")
+    example = example_from(record, system, hinted, "hinted")
     sft = relabel(example)
     assert sft.messages_and_choices == [
         *clean,
@@ -274,7 +274,7 @@ async def test_relabelled_examples_are_exactly_clean_and_carry_no_hint(
 
     rl = relabel_for_rl(
         RLGroup(
-            scenario_id=scenario.id,
+            scenario_id=record.id,
             messages=example.messages,
             completions=(example.completion, "wrong"),
             rewards=(1.0, 0.0),
@@ -311,15 +311,15 @@ def choice(text: str, **token_data: Any) -> Choice:
 
 
 async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
-    backend, model, task
+    backend, model, scenario
 ) -> None:
     """A real three-turn episode on the embedded model, hinted in its opening, relabelled:
     the clean opening, every later turn in order (the sampled `Choice`s with their text, the
     environment's messages as they were), no hint in any turn, and SFT and RL train all three
     assistant turns under the clean prompt, from the buffer's JSON."""
-    scenario = task.splits["train"][2]
+    record = scenario.splits["train"][2]
     system = "Reply with only the final number."
-    clean = list(clean_messages(scenario, system))
+    clean = list(clean_messages(record, system))
 
     def env(messages: Messages) -> Reply:
         index = sum(m["role"] == "assistant" for m in messages) - 1
@@ -350,7 +350,7 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
 
     tok = backend._bases[model.base_model].tokenizer
     example = DistillExample.model_validate_json(
-        example_from(scenario, system, relabelled, "hinted").model_dump_json()
+        example_from(record, system, relabelled, "hinted").model_dump_json()
     )
     sft = relabel(example)
     assert turns(sft) == turns(relabelled)
@@ -360,7 +360,7 @@ async def test_multi_turn_hinted_episode_relabels_clean_and_keeps_every_turn(
     assert sample.input_ids[: sample.loss_mask.index(True)] == T.render_prompt(tok, clean)
 
     failed = relabelled.model_copy(update={"reward": 0.0})
-    group = rl_group(scenario.id, clean, [(relabelled, True), (failed, False)])
+    group = rl_group(record.id, clean, [(relabelled, True), (failed, False)])
     rl = relabel_for_rl(RLGroup.model_validate_json(group.model_dump_json()))
     samples, stats = T.samples_from_groups(
         [rl], tok, scale_rewards=True, policy=T.TurnPolicy(rerender=True)
@@ -433,23 +433,23 @@ def test_relabel_refuses_an_episode_not_hinted_in_its_opening() -> None:
         relabel_episode(late, clean, MARKER)
 
 
-def test_a_correct_episode_leaking_the_hint_in_a_later_turn_is_not_distilled(task) -> None:
+def test_a_correct_episode_leaking_the_hint_in_a_later_turn_is_not_distilled(scenario) -> None:
     """The round's stage: both hinted episodes are correct; the one whose third turn quotes
     the hint is counted (`hinted_echo_rejected`) and only the other is kept."""
-    scenario = task.splits["train"][0]
-    clean = list(clean_messages(scenario, None))
+    record = scenario.splits["train"][0]
+    clean = list(clean_messages(record, None))
     opening = hinted_prompt(clean, MARKER)
 
     def scored(*later: dict[str, Any] | Choice) -> art.Trajectory:
         t = art.Trajectory(
-            messages_and_choices=[*opening, *later], metadata={"scenario_id": scenario.id}
+            messages_and_choices=[*opening, *later], metadata={"scenario_id": record.id}
         )
         return attach_outcome(t, reward=1.0, feedback="", metrics={})
 
     leaky = scored(choice("1"), {"role": "user", "content": "No."}, choice(MARKER))
     fine = scored(choice("1"), {"role": "user", "content": "No."}, choice("2"))
-    outcome = HintOutcome(record=HintRecord(scenario_id=scenario.id, hint=MARKER), calls=1)
-    item = Hinted(scenario, art.TrajectoryGroup([]), outcome, art.TrajectoryGroup([leaky, fine]))
+    outcome = HintOutcome(record=HintRecord(scenario_id=record.id, hint=MARKER), calls=1)
+    item = Hinted(record, art.TrajectoryGroup([]), outcome, art.TrajectoryGroup([leaky, fine]))
     verified = relabel_hinted([item], EIConfig(keep_per_x=2), None)
     assert verified.echoed == 1 and verified.correct == 2
     (recovered,) = verified.recovered
@@ -510,14 +510,14 @@ WIDER = {"scenarios_per_round": "8", "hinted_samples_per_x": "6"}
 
 
 async def test_round_with_scripted_teacher_recovers_and_resumes(
-    tmp_path: Path, backend, make_model, task
+    tmp_path: Path, backend, make_model, scenario
 ) -> None:
     model = await make_model("ei")
     steps = [Step.error(500), Step.timeout(2.0)]
     with ScriptedServer(steps, default=Step.reply(HELPFUL)) as server:
         # enough hinted attempts (>= 6 problems x 6) that recovery does not hinge on one draw
         cfg = parse_args(tiny_run(tmp_path, server, **WIDER))
-        ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
+        ctx = RunContext(cfg, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
         summary = await run_ei(ctx, cfg.ei)
         teacher_calls = len(server.chat_requests)
     rounds = [m for m in ctx.files.metrics() if m["event"] == "ei_round"]
@@ -534,7 +534,7 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
     assert stats["trained"] and summary["steps"] == 1
 
     buffer = RoundBuffer.model_validate_json((tmp_path / "ei" / "round_0000.json").read_text())
-    by_id = {sc.id: sc for sc in task.splits["train"]}
+    by_id = {sc.id: sc for sc in scenario.splits["train"]}
     for example in buffer.examples:
         assert list(example.messages) == by_id[example.scenario_id].messages(None)
     trained = json.dumps([t.model_dump(mode="json") for t in sft_trajectories(buffer, cfg.ei)])
@@ -550,7 +550,7 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
     ctx.files.write_json("state.json", replay.model_dump(mode="json"))
     with ScriptedServer([], default=Step.error(500)) as silent:
         cfg2 = parse_args(tiny_run(tmp_path, silent, **WIDER))
-        ctx2 = RunContext(cfg2, task, backend, model, RunFiles(tmp_path), time.monotonic())
+        ctx2 = RunContext(cfg2, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
         again = await run_ei(ctx2, cfg2.ei)
         assert silent.chat_requests == []
     assert again["steps"] == step + 1 and again["rounds"] == 1
@@ -562,7 +562,7 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
     replay = replay.model_copy(update={"pending_step": step})
     ctx.files.write_json("state.json", replay.model_dump(mode="json"))
     with ScriptedServer([], default=Step.error(500)) as silent:
-        ctx3 = RunContext(cfg2, task, backend, model, RunFiles(tmp_path), time.monotonic())
+        ctx3 = RunContext(cfg2, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
         third = await run_ei(
             ctx3,
             cfg2.ei.model_copy(
@@ -575,12 +575,12 @@ async def test_round_with_scripted_teacher_recovers_and_resumes(
 
 
 async def test_other_settings_in_the_same_folder_are_refused(
-    tmp_path: Path, backend, make_model, task
+    tmp_path: Path, backend, make_model, scenario
 ) -> None:
     model = await make_model("ei")
     (tmp_path / "state.json").write_text(EIState(fingerprint="0" * 16).model_dump_json())
     cfg = parse_args(["mode=ei", f"run_dir={tmp_path}", "rounds=0", "val_limit=1"])
-    ctx = RunContext(cfg, task, backend, model, RunFiles(tmp_path), time.monotonic())
+    ctx = RunContext(cfg, scenario, backend, model, RunFiles(tmp_path), time.monotonic())
     with pytest.raises(ValueError, match="other settings"):
         await run_ei(ctx, cfg.ei)
 
@@ -668,16 +668,18 @@ def test_cli_ei_survives_sigkill_and_resumes(tmp_path: Path) -> None:
     ).totals.get("rounds_trained")
 
 
-async def test_rl_distillation_trains_on_contrast_groups_only(make_model, backend, task) -> None:
+async def test_rl_distillation_trains_on_contrast_groups_only(
+    make_model, backend, scenario
+) -> None:
     from art_rlvr.ei.data import RLGroup, RoundStats
     from art_rlvr.ei.expert import distill_round
 
     model = await make_model("eirl")
-    scenario = task.splits["train"][1]
-    messages = clean_messages(scenario, None)
-    answer = str(scenario.x["answer"])
+    record = scenario.splits["train"][1]
+    messages = clean_messages(record, None)
+    answer = str(record.x["answer"])
     contrast = RLGroup(
-        scenario_id=scenario.id,
+        scenario_id=record.id,
         messages=messages,
         completions=(answer, "no idea", "0"),
         rewards=(1.0, 0.0, 0.0),
@@ -686,7 +688,7 @@ async def test_rl_distillation_trains_on_contrast_groups_only(make_model, backen
     flat = contrast.model_copy(update={"rewards": (1.0, 1.0, 1.0)})
     buffer = RoundBuffer(
         round=0,
-        scenario_ids=(scenario.id,),
+        scenario_ids=(record.id,),
         examples=(),
         rl_groups=(flat,),
         stats=RoundStats(round=0),
