@@ -55,7 +55,7 @@ async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str])
         "max_tokens": 32,
         "report_val_limit": 50,
     }
-    example = overrides.pop("scenario", "arith")
+    name = overrides.pop("scenario", "arith")
     common |= overrides  # GEPAConfig validates (and converts) the values
     steps = [Step.reply(f"A better instruction:\n```\n{p}\n```") for p in PROPOSALS]
     server = ScriptedServer(steps, default=steps[-1])
@@ -74,7 +74,7 @@ async def main(mode: str, run_dir: Path, budget: int, overrides: dict[str, str])
         else:
             config = GEPAConfig(**{"reflection": {"max_tokens": 256}, "max_iterations": 4} | common)
         result = await optimize_prompt(
-            model, load_scenario(example, seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
+            model, load_scenario(name, seed=0), seed_prompt=SEED, config=config, run_dir=run_dir
         )
         shown = [r.last_user_text for r in server.chat_requests[:1]]
     finally:

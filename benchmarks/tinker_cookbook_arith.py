@@ -134,9 +134,9 @@ def cookbook_rows(log_path: Path, steps: int) -> tuple[list[float], dict[int, fl
     return seconds, accuracy
 
 
-def ours_run(args: argparse.Namespace, seed: int, example: Path, run_dir: Path) -> None:
+def ours_run(args: argparse.Namespace, seed: int, scenario_file: Path, run_dir: Path) -> None:
     words = [
-        "backend=tinker", f"scenario={example}", f"run_dir={run_dir}", f"seed={seed}",
+        "backend=tinker", f"scenario={scenario_file}", f"run_dir={run_dir}", f"seed={seed}",
         f"n_batches={args.steps}", f"groups_per_batch={args.groups_per_batch}",
         f"group_size={args.group_size}", f"learning_rate={args.learning_rate}",
         f"lora_rank={args.lora_rank}", f"max_tokens={args.max_tokens}", f"loss_fn={args.loss_fn}",
@@ -204,7 +204,7 @@ async def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     register_embedded_tokenizer(MODEL)
-    example = write_scenario(
+    scenario_file = write_scenario(
         args.out / "scenario", draw(7, 400), draw(HELD_OUT_SEED, args.held_out)
     )
     settings = skyrl.SkyRLSettings(
@@ -228,7 +228,7 @@ async def main() -> int:
                     seconds, accuracy = cookbook_rows(log_path, args.steps)
                 else:
                     run_dir = args.out / f"art_rlvr-s{seed}"
-                    await asyncio.to_thread(ours_run, args, seed, example, run_dir)
+                    await asyncio.to_thread(ours_run, args, seed, scenario_file, run_dir)
                     seconds, accuracy = ours_rows(run_dir)
                 results.append({"seed": seed, "side": side, "seconds": seconds, "accuracy": accuracy,
                                 "s_step": statistics.median(seconds)})  # fmt: skip

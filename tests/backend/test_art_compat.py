@@ -62,7 +62,7 @@ def pipeline(model, backend, seen: list, steps: int) -> PipelineTrainer:
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        examples=[{"prompt": p, "seen": seen} for p in PROMPTS * 4],
+        scenarios=[{"prompt": p, "seen": seen} for p in PROMPTS * 4],
         config=None,
         eval_fn=eval_fn,
         learning_rate=1e-4,

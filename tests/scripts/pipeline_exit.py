@@ -59,7 +59,7 @@ async def main(art_path: Path, steps: int) -> None:
         model=model,
         backend=backend,
         rollout_fn=rollout_fn,
-        examples=[{"prompt": p} for p in PROMPTS * 4],
+        scenarios=[{"prompt": p} for p in PROMPTS * 4],
         config=None,
         learning_rate=1e-4,
         max_steps=steps,
