@@ -385,3 +385,12 @@ def test_the_documented_errors_are_what_the_cli_says(
         said = str(error)
     pattern = ".*".join(re.escape(part) for part in message.split("..."))
     assert said is not None and re.fullmatch(pattern, said), f"{where}: the CLI says {said!r}"
+
+
+def test_the_import_picture_is_the_code() -> None:
+    """docs/architecture.md's mermaid picture is the package import graph as it is today."""
+    layers = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    drawn = next(body for _, lang, body in blocks(layers)[0] if lang == "mermaid")
+    assert drawn.strip() == layer_test().mermaid(), (  # type: ignore[attr-defined]
+        "the picture in docs/architecture.md is stale: paste tests/test_layers.py's mermaid()"
+    )

@@ -147,3 +147,66 @@ def test_there_are_no_import_cycles() -> None:
 )
 def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]], has_cycle: bool) -> None:
     assert (find_cycle(graph) is not None) == has_cycle
+
+
+def unit_of(module: str) -> str:
+    """The top-level package (or entry module) a module belongs to: one box of the picture."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Which top-level package imports which (`core`, `testing` and `__init__` left out: every
+    layer may use the core, and the picture is about the rest)."""
+    hidden = {"core", "testing", "__init__"}
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        source = unit_of(module)
+        if source in hidden:
+            continue
+        graph.setdefault(source, set()).update(
+            unit_of(t) for t in targets if unit_of(t) not in hidden | {source}
+        )
+    return graph
+
+
+def reduced(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The edges worth drawing: packages that import each other (a cycle, one layer) keep their
+    edges; between such groups an edge goes when a longer path already implies it."""
+    nodes = sorted(set(graph) | {b for bs in graph.values() for b in bs})
+
+    def reach(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), set()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reaches = {n: reach(n) for n in nodes}
+    group = {n: frozenset(m for m in nodes if m in reaches[n] and n in reaches[m]) for n in nodes}
+
+    def implied(a: str, b: str) -> bool:
+        """A path from a's group to b's group through a third group."""
+        return any(group[m] not in (group[a], group[b]) and b in reaches[m] for m in reaches[a])
+
+    return {
+        a: {b for b in bs if group[a] == group[b] or not implied(a, b)} for a, bs in graph.items()
+    }
+
+
+def mermaid() -> str:
+    """docs/architecture.md's picture: each layer a box of its packages, each arrow an import
+    that no longer path implies."""
+    lines = ["flowchart TD"]
+    hidden = {"core", "testing", "__init__"}
+    for index, (name, members) in enumerate(LAYERS, start=1):
+        packages = sorted(members - hidden)
+        if packages:
+            lines.append(f'  subgraph L{index}["{index} {name}"]')
+            lines += [f"    {p}" for p in packages]
+            lines.append("  end")
+    graph = reduced(package_graph())
+    lines += [f"  {a} --> {b}" for a in sorted(graph) for b in sorted(graph[a])]
+    return "\n".join(lines)
