@@ -378,6 +378,7 @@ def test_cli_eval_of_rewards_of_five_and_minus_hundred_states_its_correct_rule(
     args = [
         f"scenario={path}", "mode=eval", "policy.model=openai/scripted",
         f"run_dir={tmp_path / 'run'}",
+        "policy.max_in_flight=1",  # the script answers in arrival order: one request at a time
     ]  # fmt: skip
     with ScriptedServer(script) as llm:
         done = cli([*args, f"policy.api_base={llm.base_url}"], base_env())
