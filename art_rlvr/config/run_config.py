@@ -7,10 +7,19 @@ Keys under `source.` patch the scenario's `[source]` table (e.g. `source.max_val
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from art_rlvr.backend.chat_templates import resolve_chat_template
 from art_rlvr.backend.model_source import DEFAULT_BASE_MODEL
@@ -27,7 +36,7 @@ from art_rlvr.ei.config import EIConfig
 from art_rlvr.eval.policy import PolicyRole
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm.settings import ROLES, LLMRole, refuse_renamed, renamed_to
-from art_rlvr.loops.plan import Phase, kinds_of, parse_phases, plan, spell
+from art_rlvr.loops.plan import PlanEntry, kinds_of, parse_phases, plan, spell
 from art_rlvr.rollouts.sampling import SHARED_KNOBS, GroupSize, MaxTokens, Temperature, TopP
 from art_rlvr.scenarios.mixture import MixtureEntry, parse_mixture
 from art_rlvr.scenarios.scenario import builtin_scenarios
@@ -99,7 +108,7 @@ class RunConfig(BaseModel):
         description="plain (System:/User:/Assistant: turns, for base models), chatml, a Jinja "
         "string or a template file; replaces the tokenizer's (kept as text in config.json)",
     )
-    source_overrides: dict[str, Any] = Field(default_factory=dict)
+    source_overrides: dict[str, JsonValue] = Field(default_factory=dict)
 
     # sampling
     max_tokens: MaxTokens = Field(default=32, description="completion tokens per rollout")
@@ -218,13 +227,13 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data: Any) -> Any:
+    def _old_names(cls, data: object) -> object:
         refuse_renamed(data, "RunConfig")
         return data
 
     @model_validator(mode="before")
     @classmethod
-    def _phases_mode(cls, data: Any) -> Any:
+    def _phases_mode(cls, data: object) -> object:
         """`phases=` is its own mode: a list given with another mode is refused, not merged."""
         if not isinstance(data, dict):
             return data
@@ -299,7 +308,7 @@ class RunConfig(BaseModel):
 
     @field_validator("eval_k", mode="before")
     @classmethod
-    def _k_list(cls, value: Any) -> Any:
+    def _k_list(cls, value: object) -> object:
         return (
             [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
         )
@@ -347,16 +356,16 @@ class RunConfig(BaseModel):
         return parse_mixture(self.scenario)
 
     @property
-    def plan(self) -> tuple[Phase, ...]:
+    def plan(self) -> tuple[PlanEntry, ...]:
         """The run's phases: `phases=` as given, else the mode's preset."""
         if self.phases is not None:
             return parse_phases(self.phases, rl_steps=self.rl_batches_per_round)
         if self.mode in ("eval", "gepa"):
-            return (Phase(kind=self.mode),)
+            return (PlanEntry(kind=self.mode),)
         if self.mode == "ei":
-            return (Phase(kind="ei", count=self.ei.rounds),)
+            return (PlanEntry(kind="ei", count=self.ei.rounds),)
         if self.mode == "rl" and not self.enable_expert_iteration:
-            return (Phase(kind="rl", count=self.n_batches),)
+            return (PlanEntry(kind="rl", count=self.n_batches),)
         return plan(
             self.rounds,
             gepa=self.mode != "rl",
@@ -378,7 +387,7 @@ class RunConfig(BaseModel):
     def with_gepa(self) -> bool:
         return "gepa" in kinds_of(self.plan)
 
-    def phase_overrides(self) -> dict[str, dict[str, Any]]:
+    def phase_overrides(self) -> dict[str, dict[str, JsonValue]]:
         """The shared knobs (group_size, max_tokens, ...) that a GEPA or EI phase of this run
         runs with a value other than the run's: logged at start and kept in config.json."""
         subs = {"gepa": self.gepa, "ei": self.ei}
@@ -398,14 +407,16 @@ class RunConfig(BaseModel):
     def directory(self) -> Path:
         return self.run_dir or Path("runs") / self.name
 
-    def public_dump(self) -> dict[str, Any]:
+    def public_dump(self) -> dict[str, JsonValue]:
         """The config as JSON-able data with anything secret-looking masked: the sub-configs
         of the phases it runs, its phases spelt as `phases=` words (a mode as its preset) and
         the knobs a phase overrides."""
         unused = set(SUBCONFIGS) - kinds_of(self.plan)
         dumped = json.loads(self.model_dump_json(exclude=unused))
         dumped |= {"phases": spell(self.plan), "phase_overrides": self.phase_overrides()}
-        return mask_secrets(dumped)
+        masked = mask_secrets(dumped)
+        assert isinstance(masked, dict)
+        return masked
 
 
 # Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
@@ -425,7 +436,7 @@ def _subconfig_keys() -> dict[str, list[str]]:
     return owners
 
 
-def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
+def _unknown(key: str, fields: Mapping[str, object], owners: dict[str, list[str]]) -> ConfigError:
     """An unknown key: the closest known one and where the list is, not the list itself."""
     roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
     roles += [f"policy.{f}" for f in PolicyRole.model_fields]
@@ -450,10 +461,10 @@ def parse_args(argv: list[str]) -> RunConfig:
     given, so one `seed=` seeds everything; a sub-config keeps its own default otherwise."""
     fields = {k: v for k, v in RunConfig.model_fields.items() if k not in _INTERNAL}
     owners = _subconfig_keys()
-    values: dict[str, Any] = {}
-    sub: dict[str, dict[str, Any]] = {name: {} for name in SUBCONFIGS}
-    source: dict[str, Any] = {}
-    policy: dict[str, Any] = {}
+    values: dict[str, object] = {}
+    sub: dict[str, dict[str, object]] = {name: {} for name in SUBCONFIGS}
+    source: dict[str, JsonValue] = {}
+    policy: dict[str, str | None] = {}
     seen: set[str] = set()
     for word in argv:
         given, sep, raw = word.partition("=")
@@ -477,7 +488,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         elif role in ROLES and dot:
             if field not in LLMRole.model_fields:
                 raise _unknown(key, fields, owners)
-            sub[ROLES[role]].setdefault(role, {})[field] = value
+            keys = sub[ROLES[role]].setdefault(role, {})
+            assert isinstance(keys, dict)
+            keys[field] = value
         elif role in SUBCONFIGS and dot:  # `gepa.group_size=1`: that sub-config only
             if field not in SUBCONFIGS[role].model_fields:
                 raise _unknown(key, fields, owners)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 
 class Episode(BaseModel):
@@ -165,11 +165,11 @@ class EIState(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    fingerprint: str
+    fingerprint: str  # "" in a list converted from an older art_rlvr: set by its next round
     rounds_done: int = 0
     evals: dict[str, float] = Field(default_factory=dict)  # round -> val accuracy
     eval_steps: dict[str, int] = Field(default_factory=dict)  # round -> model step
     pending: RoundBuffer | None = None
     pending_step: int | None = None
     totals: dict[str, float] = Field(default_factory=dict)
-    teacher_counters: dict[str, Any] | None = None
+    teacher_counters: dict[str, JsonValue] | None = None  # llm.LLMCounters.snapshot()

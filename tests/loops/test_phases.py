@@ -14,7 +14,7 @@ from art_rlvr.config.reference import PRESETS
 from art_rlvr.config.run_config import ConfigError, parse_args
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import parse_phases, spell
-from art_rlvr.loops.schedule import resumed_state
+from art_rlvr.loops.runner import resumed_state
 from art_rlvr.run import override_line, start_line, summary_lines
 from art_rlvr.rundir.events import RunSummary
 from art_rlvr.rundir.files import RunFiles, StateFileError
@@ -144,7 +144,7 @@ def test_a_resume_with_another_list_of_phases_is_refused(tmp_path: Path) -> None
 def test_the_end_screen_names_the_phases_and_offers_export_only_after_training(
     tmp_path: Path, mode: str, phases: list[str] | None, shown: str | None, trained: bool
 ) -> None:
-    summary = RunSummary(mode=mode, phases=phases, example="arith", seed=0)
+    summary = RunSummary(mode=mode, phases=phases, scenario="arith", seed=0)
     lines = summary_lines(summary, tmp_path)
     assert [line.split(maxsplit=1)[1] for line in lines if line.startswith("phases ")] == (
         [shown] if shown else []
