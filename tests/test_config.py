@@ -20,7 +20,7 @@ def test_defaults_and_coercion() -> None:
             "source.ops=+,-",
         ]
     )
-    assert cfg.n_batches == 3 and cfg.learning_rate == 1e-4 and cfg.resume is False
+    assert cfg.rl.n_batches == 3 and cfg.rl.learning_rate == 1e-4 and cfg.resume is False
     assert cfg.source_overrides == {"max_value": 30, "ops": ["+", "-"]}
     assert cfg.name == "arith-rl-s0"
 

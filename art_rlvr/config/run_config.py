@@ -30,8 +30,8 @@ from art_rlvr.config.keys import (
     first_error,
     mask_secrets,
 )
+from art_rlvr.config.rl_config import RLConfig
 from art_rlvr.core.text import did_you_mean
-from art_rlvr.core.types import Loss, LrSchedule
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.eval.policy import PolicyRole
 from art_rlvr.gepa.config import GEPAConfig
@@ -140,20 +140,10 @@ class RunConfig(BaseModel):
     # policy.model=openai/x policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY
     policy: PolicyRole = Field(default_factory=PolicyRole)
 
-    # RL (tinker-cookbook math_rl style knobs)
-    groups_per_batch: int = Field(default=6, ge=1, description="scenarios per RL step")
+    # rollouts (the RL group; GEPA and EI have their own, handed down when given)
     group_size: GroupSize = Field(
         default=6,
         description="rollouts per scenario (RL group; handed to GEPA and EI when given)",
-    )
-    n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
-    learning_rate: float = Field(
-        default=2e-4, gt=0.0, allow_inf_nan=False, description="the optimiser's learning rate"
-    )
-    lr_schedule: LrSchedule = Field(
-        default="constant",
-        description="the learning rate over the run's RL steps: constant, linear (to lr/N at "
-        "the last of N steps, as TRL's and tinker-cookbook's) or cosine",
     )
     lora_rank: int = Field(
         default=16,
@@ -161,39 +151,13 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
-    kl_penalty_coef: float = Field(
-        default=0.0, ge=0.0, description="KL penalty against the base model"
-    )
-    scale_rewards: bool = Field(
-        default=False,
-        description="divide group advantages by their standard deviation (on in ART and TRL; "
-        "off learned more here: docs/results.md)",
-    )
-    eval_every: int = Field(
-        default=8, ge=1, description="validation every N steps (step 0 and the last always)"
-    )
     max_exceptions: float = Field(
         default=0.1,
         ge=0.0,
         description="tolerated fraction of failed rollout groups per step (ART's semantics)",
     )
 
-    # watching the run: early stop on a val plateau, the reward-hacking alarm, Weave tracing
-    patience: int | None = Field(
-        default=None,
-        ge=1,
-        description="mode=rl: stop after N evaluations without a val improvement; default never",
-    )
-    min_delta: float = Field(
-        default=0.0, ge=0.0, description="the improvement that counts for patience"
-    )
-    alarm_reward_rise: float = Field(
-        default=0.05, ge=0.0, description="reward-hacking alarm: train reward up by this much ..."
-    )
-    alarm_val_drop: float = Field(
-        default=0.05, ge=0.0, description="... while val accuracy falls by this much"
-    )
+    # watching the run: Weave tracing (the rl section has the early stop and the alarm)
     weave_project: str | None = Field(
         default=None,
         description="entity/project (or project): trace the run with W&B Weave; default off",
@@ -220,6 +184,8 @@ class RunConfig(BaseModel):
         "(rl:rl_batches_per_round, ei), n_batches unused (refused if given)",
     )
 
+    # RL (an rl phase): its own section, rl.learning_rate=... or learning_rate=... as ever
+    rl: RLConfig = Field(default_factory=RLConfig)
     # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
     # expert iteration (mode=ei): its own keys, e.g. hinted_samples_per_x=8 distill=sft
@@ -230,6 +196,22 @@ class RunConfig(BaseModel):
     def _old_names(cls, data: object) -> object:
         refuse_renamed(data, "RunConfig")
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rl_section(cls, data: object) -> object:
+        """The rl phase's keys given flat (`learning_rate=...`, as ever) go to its section."""
+        if not isinstance(data, dict) or not set(data) & set(RLConfig.model_fields):
+            return data
+        given = data.get("rl")
+        section = (
+            given.model_dump(exclude_unset=True)
+            if isinstance(given, RLConfig)
+            else dict(given or {})
+        )
+        flat = {k: v for k, v in data.items() if k in RLConfig.model_fields}
+        rest = {k: v for k, v in data.items() if k not in RLConfig.model_fields}
+        return {**rest, "rl": {**section, **flat}}
 
     @model_validator(mode="before")
     @classmethod
@@ -264,7 +246,7 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"enable_expert_iteration does not apply to mode={self.mode}; use {where}"
             )
-        if self.mode == "rl" and "n_batches" in self.model_fields_set:
+        if self.mode == "rl" and "n_batches" in self.rl.model_fields_set:
             raise ValueError(
                 "mode=rl with enable_expert_iteration=true runs rounds x (rl_batches_per_round "
                 f"RL steps, one EI round): phases={spell(self.plan)}; n_batches is not used, "
@@ -365,7 +347,7 @@ class RunConfig(BaseModel):
         if self.mode == "ei":
             return (PlanEntry(kind="ei", count=self.ei.rounds),)
         if self.mode == "rl" and not self.enable_expert_iteration:
-            return (PlanEntry(kind="rl", count=self.n_batches),)
+            return (PlanEntry(kind="rl", count=self.rl.n_batches),)
         return plan(
             self.rounds,
             gepa=self.mode != "rl",
@@ -409,10 +391,13 @@ class RunConfig(BaseModel):
 
     def public_dump(self) -> dict[str, JsonValue]:
         """The config as JSON-able data with anything secret-looking masked: the sub-configs
-        of the phases it runs, its phases spelt as `phases=` words (a mode as its preset) and
-        the knobs a phase overrides."""
+        of the phases it runs, the rl section's keys flat (as config.json has always had
+        them), its phases spelt as `phases=` words (a mode as its preset) and the knobs a
+        phase overrides."""
         unused = set(SUBCONFIGS) - kinds_of(self.plan)
-        dumped = json.loads(self.model_dump_json(exclude=unused))
+        dumped = json.loads(self.model_dump_json(exclude={*unused, "rl"}))
+        # the rl section's keys where config.json has always had them (report, compare)
+        dumped |= json.loads(self.rl.model_dump_json())
         dumped |= {"phases": spell(self.plan), "phase_overrides": self.phase_overrides()}
         masked = mask_secrets(dumped)
         assert isinstance(masked, dict)
@@ -423,7 +408,7 @@ class RunConfig(BaseModel):
 # `gepa`); a key that several sub-configs know goes to each of them. Run keys that a sub-config
 # also has (seed, max_tokens, ...) are handed down, so one `seed=` seeds everything.
 SUBCONFIGS: dict[str, type[BaseModel]] = {"gepa": GEPAConfig, "ei": EIConfig}
-_INTERNAL = {"source_overrides", "policy", *SUBCONFIGS}
+_INTERNAL = {"source_overrides", "policy", "rl", *SUBCONFIGS}
 
 
 def _subconfig_keys() -> dict[str, list[str]]:
@@ -441,6 +426,7 @@ def _unknown(key: str, fields: Mapping[str, object], owners: dict[str, list[str]
     roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
     roles += [f"policy.{f}" for f in PolicyRole.model_fields]
     roles += [f"{name}.{f}" for name, model in SUBCONFIGS.items() for f in model.model_fields]
+    roles += [*RLConfig.model_fields, *(f"rl.{f}" for f in RLConfig.model_fields)]
     hint = did_you_mean(key, [*fields, *owners, *roles])
     return ConfigError(f"unknown key {key!r}{hint}; {KEYS_POINTER}")
 
@@ -465,6 +451,7 @@ def parse_args(argv: list[str]) -> RunConfig:
     sub: dict[str, dict[str, object]] = {name: {} for name in SUBCONFIGS}
     source: dict[str, JsonValue] = {}
     policy: dict[str, str | None] = {}
+    rl: dict[str, str] = {}  # the rl section: `learning_rate=` or `rl.learning_rate=`
     seen: set[str] = set()
     for word in argv:
         given, sep, raw = word.partition("=")
@@ -491,6 +478,13 @@ def parse_args(argv: list[str]) -> RunConfig:
             keys = sub[ROLES[role]].setdefault(role, {})
             assert isinstance(keys, dict)
             keys[field] = value
+        elif (role == "rl" and dot) or key in RLConfig.model_fields:
+            name = field if dot else key
+            if name not in RLConfig.model_fields:
+                raise _unknown(key, fields, owners)
+            if name in rl:
+                raise ConfigError(f"key {name!r} given twice (as {name}= and rl.{name}=)")
+            rl[name] = raw
         elif role in SUBCONFIGS and dot:  # `gepa.group_size=1`: that sub-config only
             if field not in SUBCONFIGS[role].model_fields:
                 raise _unknown(key, fields, owners)
@@ -506,6 +500,10 @@ def parse_args(argv: list[str]) -> RunConfig:
         values["source_overrides"] = source
     if policy:
         values["policy"] = policy
+    try:  # first, so the run's checks across keys see the rl section as given
+        values["rl"] = RLConfig.model_validate(rl)
+    except ValidationError as error:
+        raise first_error(error, rl) from None
     try:
         config = RunConfig.model_validate(values)
     except ValidationError as error:

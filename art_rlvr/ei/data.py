@@ -157,7 +157,9 @@ class RoundBuffer(BaseModel):
 
 
 class EIState(BaseModel):
-    """`ei/state.json`: finished rounds, evaluations by round, and the pending buffer.
+    """The ei phase's state: `state.json` of `mode=ei` (in a longer list, the list state's
+    `ei` section): the rounds done (within the phase), evaluations by round (alone), the
+    pending buffer, and the totals and teacher counters every EI phase of the run adds to.
 
     `pending` is set (with the model step it was taken at) before a round trains and cleared
     after; on resume, a pending buffer with the model already past `pending_step` means the

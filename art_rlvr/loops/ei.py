@@ -228,10 +228,10 @@ async def distill_in_run(
         ctx.backend,
         buffer,
         config,
-        learning_rate=run.learning_rate,
-        loss_fn=run.loss_fn,
-        kl_penalty_coef=run.kl_penalty_coef,
-        scale_rewards=run.scale_rewards,
+        learning_rate=run.rl.learning_rate,
+        loss_fn=run.rl.loss_fn,
+        kl_penalty_coef=run.rl.kl_penalty_coef,
+        scale_rewards=run.rl.scale_rewards,
     )
 
 

@@ -70,7 +70,7 @@ async def rl_step(
     rollouts, and the backend's training call on them at `learning_rate` (`before_train` sees
     the groups first, so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
-    examples = ctx.scenario.train_batch(cfg.groups_per_batch, cfg.seed, step)
+    examples = ctx.scenario.train_batch(cfg.rl.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
         ctx.model,
         examples,
@@ -88,9 +88,9 @@ async def rl_step(
         ctx.model,
         trainable(groups),
         learning_rate=learning_rate,
-        loss_fn=cfg.loss_fn,
-        kl_penalty_coef=cfg.kl_penalty_coef,
-        scale_rewards=cfg.scale_rewards,
+        loss_fn=cfg.rl.loss_fn,
+        kl_penalty_coef=cfg.rl.kl_penalty_coef,
+        scale_rewards=cfg.rl.scale_rewards,
     )
     return StepOutcome(groups, stats, result)
 
@@ -140,7 +140,7 @@ async def train_until[S: TrainState](
             system_prompt=system_prompt,
             sampling=sampling,
             learning_rate=scheduled_lr(
-                cfg.learning_rate, cfg.lr_schedule, len(state.step_seconds), cfg.rl_steps
+                cfg.rl.learning_rate, cfg.rl.lr_schedule, len(state.step_seconds), cfg.rl_steps
             ),
             before_train=stage,
         )
@@ -291,10 +291,12 @@ def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
     evals = {int(s): a for s, a in state.evals.items()}
     rewards = {int(s): r for s, r in state.train_rewards.items()}
     found = [
-        reward_hacking(evals, rewards, min_rise=cfg.alarm_reward_rise, min_drop=cfg.alarm_val_drop)
+        reward_hacking(
+            evals, rewards, min_rise=cfg.rl.alarm_reward_rise, min_drop=cfg.rl.alarm_val_drop
+        )
     ]
-    if cfg.patience is not None and len(cfg.plan) == 1:  # an rl phase alone (mode=rl)
-        found.append(plateaued(evals, cfg.patience, cfg.min_delta))
+    if cfg.rl.patience is not None and len(cfg.plan) == 1:  # an rl phase alone (mode=rl)
+        found.append(plateaued(evals, cfg.rl.patience, cfg.rl.min_delta))
     for alarm in (a for a in found if a is not None):
         if alarm.kind == "early_stop":
             log.warning("step %d: %s", step, alarm.message)
@@ -335,7 +337,7 @@ class RLPhase:
         return state.rl
 
     async def run(self, run: PhaseRun[TrainState], state: TrainState) -> TrainState:
-        ctx, every = run.ctx, run.ctx.config.eval_every
+        ctx, every = run.ctx, run.ctx.config.rl.eval_every
         until = run.start_step + run.entry.count
         if run.alone:
             step = await ctx.model.get_step()
