@@ -122,7 +122,7 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: boo
     trl_dir.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(scenario="arith", seed=seed)  # art_rlvr's defaults: the shared knobs
     scenario = load_scenario("arith", seed=seed)
-    batches = [scenario.train_batch(cfg.groups_per_batch, seed, b) for b in range(steps)]
+    batches = [scenario.train_batch(cfg.rl.groups_per_batch, seed, b) for b in range(steps)]
     rows = [{"prompt": sc.messages(), "record": json.dumps(sc.x)} for b in batches for sc in b]
 
     def reward(prompts, completions, record, **_) -> list[float]:
@@ -144,11 +144,11 @@ def run_trl(out: Path, seed: int, steps: int, scheduler: str, checkpointing: boo
         save_strategy="no",
         logging_steps=1,
         max_steps=steps,
-        learning_rate=cfg.learning_rate,
+        learning_rate=cfg.rl.learning_rate,
         lr_scheduler_type=scheduler,
         num_generations=cfg.group_size,
         per_device_train_batch_size=cfg.group_size,  # completions a microbatch: one group
-        gradient_accumulation_steps=cfg.groups_per_batch,  # one optimizer step per batch
+        gradient_accumulation_steps=cfg.rl.groups_per_batch,  # one optimizer step per batch
         max_completion_length=cfg.max_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,

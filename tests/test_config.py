@@ -20,9 +20,24 @@ def test_defaults_and_coercion() -> None:
             "source.ops=+,-",
         ]
     )
-    assert cfg.n_batches == 3 and cfg.learning_rate == 1e-4 and cfg.resume is False
+    assert cfg.rl.n_batches == 3 and cfg.rl.learning_rate == 1e-4 and cfg.resume is False
     assert cfg.source_overrides == {"max_value": 30, "ops": ["+", "-"]}
     assert cfg.name == "arith-rl-s0"
+
+
+def test_rl_keys_are_the_rl_section_under_either_spelling() -> None:
+    """`learning_rate=` (as ever) and `rl.learning_rate=` are the rl section's one key;
+    config.json keeps the section's keys where it has always had them."""
+    flat = parse_args(["learning_rate=1e-3", "n_batches=4", "patience=2"])
+    dotted = parse_args(["rl.learning_rate=1e-3", "rl.n_batches=4", "rl.patience=2"])
+    assert flat.rl == dotted.rl and dotted.rl.learning_rate == 1e-3 and flat.plan == dotted.plan
+    assert RunConfig(n_batches=4, learning_rate=1e-3, patience=2).rl == flat.rl
+    dumped = flat.public_dump()
+    assert dumped["learning_rate"] == 1e-3 and dumped["n_batches"] == 4 and "rl" not in dumped
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_args(["learning_rate=1e-3", "rl.learning_rate=2e-3"])
+    with pytest.raises(ConfigError, match=r"unknown key 'rl.lerning_rate' \(did you mean"):
+        parse_args(["rl.lerning_rate=1e-3"])
 
 
 def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:

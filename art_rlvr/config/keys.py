@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from art_rlvr.core.text import did_you_mean
 
@@ -22,7 +22,7 @@ class ConfigError(ValueError):
     """A bad run configuration, phrased for the command line."""
 
 
-def mask_secrets(data: Any) -> Any:
+def mask_secrets(data: JsonValue) -> JsonValue:
     """`***` for every non-empty value whose key names a secret, at any depth."""
     if isinstance(data, dict):
         return {
@@ -34,14 +34,16 @@ def mask_secrets(data: Any) -> Any:
     return data
 
 
-def coerce_source_value(raw: str) -> Any:
+def coerce_source_value(raw: str) -> JsonValue:
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
         return [part.strip() for part in raw.split(",")] if "," in raw else raw
 
 
-def first_error(error: ValidationError, values: dict[str, Any], prefix: str = "") -> ConfigError:
+def first_error(
+    error: ValidationError, values: Mapping[str, object], prefix: str = ""
+) -> ConfigError:
     first = error.errors()[0]
     if not first["loc"]:  # a check across keys (model_validator): its message says it all
         return ConfigError(first["msg"].removeprefix("Value error, "))

@@ -9,6 +9,7 @@ import textwrap
 
 from pydantic import BaseModel
 
+from art_rlvr.config.rl_config import RLConfig
 from art_rlvr.config.run_config import _INTERNAL, MODE_TITLES, RunConfig, parse_args
 from art_rlvr.ei.config import TEACHER_DEFAULTS, EIConfig
 from art_rlvr.eval.policy import PolicyRole
@@ -55,6 +56,8 @@ def reference_markdown() -> str:
     header = ["| key | default | meaning |", "|---|---|---|"]
     sections = [
         ("The run", _rows(RunConfig)),
+        ("RL (an `rl` phase: `mode=rl` and every list with `rl`; `learning_rate=` or "
+         "`rl.learning_rate=`)", _rows(RLConfig)),
         ("GEPA (a `gepa` phase: `mode=gepa`, `gepa_rl`, `gepa_rl_ei`)",
          _rows(GEPAConfig, same_as_run=True)),
         ("Expert iteration (an `ei` phase: `mode=ei`, `gepa_rl_ei`)",
@@ -129,19 +132,22 @@ def _key_line(key: str, default: str, meaning: str | None) -> str:
 
 
 def _help_keys(keys: tuple[str, ...]) -> list[str]:
-    """One line per key (`gepa.*` / `ei.*` / `reflection.*` / `teacher.*`: every key of that
-    sub-config or LLM role); a key is looked up in the run, then GEPA, then EI, then roles."""
+    """One line per key (`rl.*` / `gepa.*` / `ei.*` / `reflection.*` / `teacher.*`: every key
+    of that section or LLM role); a key is looked up in the run, then RL, GEPA, EI, roles."""
     owners: list[tuple[str, type[BaseModel]]] = [
-        ("", RunConfig), ("", GEPAConfig), ("", EIConfig), ("policy.", PolicyRole),
-        ("reflection.", LLMRole), ("teacher.", LLMRole),
+        ("", RunConfig), ("", RLConfig), ("", GEPAConfig), ("", EIConfig),
+        ("policy.", PolicyRole), ("reflection.", LLMRole), ("teacher.", LLMRole),
+        ("rl.", RLConfig),
     ]  # fmt: skip
     lines = []
     for key in keys:
         if key.endswith(".*"):
             prefix = key[:-1]
-            sections: dict[str, type[BaseModel]] = {"gepa.": GEPAConfig, "ei.": EIConfig}
+            sections: dict[str, type[BaseModel]] = {
+                "rl.": RLConfig, "gepa.": GEPAConfig, "ei.": EIConfig
+            }  # fmt: skip
             model = sections.get(prefix, LLMRole)
-            shown = "" if model in (GEPAConfig, EIConfig) else prefix
+            shown = "" if model in (RLConfig, GEPAConfig, EIConfig) else prefix
             same = model in (GEPAConfig, EIConfig)
             names = [r.split("`")[1] for r in _rows(model, same_as_run=same)]
             lines += [

@@ -7,10 +7,19 @@ Keys under `source.` patch the scenario's `[source]` table (e.g. `source.max_val
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from art_rlvr.backend import DEFAULT_BASE_MODEL, BackendName, resolve_chat_template
 from art_rlvr.config.keys import (
@@ -19,13 +28,13 @@ from art_rlvr.config.keys import (
     first_error,
     mask_secrets,
 )
+from art_rlvr.config.rl_config import RLConfig
 from art_rlvr.core.text import did_you_mean
-from art_rlvr.core.types import Loss, LrSchedule
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.eval.policy import PolicyRole
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.llm.settings import ROLES, LLMRole, refuse_renamed, renamed_to
-from art_rlvr.loops.plan import Phase, kinds_of, parse_phases, plan, spell
+from art_rlvr.loops.plan import PlanEntry, kinds_of, parse_phases, plan, spell
 from art_rlvr.rollouts.sampling import SHARED_KNOBS, GroupSize, MaxTokens, Temperature, TopP
 from art_rlvr.scenarios.mixture import MixtureEntry, parse_mixture
 from art_rlvr.scenarios.scenario import builtin_scenarios
@@ -97,7 +106,7 @@ class RunConfig(BaseModel):
         description="plain (System:/User:/Assistant: turns, for base models), chatml, a Jinja "
         "string or a template file; replaces the tokenizer's (kept as text in config.json)",
     )
-    source_overrides: dict[str, Any] = Field(default_factory=dict)
+    source_overrides: dict[str, JsonValue] = Field(default_factory=dict)
 
     # sampling
     max_tokens: MaxTokens = Field(default=32, description="completion tokens per rollout")
@@ -129,20 +138,10 @@ class RunConfig(BaseModel):
     # policy.model=openai/x policy.api_base=http://127.0.0.1:8000/v1 policy.api_key_env=MY_KEY
     policy: PolicyRole = Field(default_factory=PolicyRole)
 
-    # RL (tinker-cookbook math_rl style knobs)
-    groups_per_batch: int = Field(default=6, ge=1, description="scenarios per RL step")
+    # rollouts (the RL group; GEPA and EI have their own, handed down when given)
     group_size: GroupSize = Field(
         default=6,
         description="rollouts per scenario (RL group; handed to GEPA and EI when given)",
-    )
-    n_batches: int = Field(default=24, ge=0, description="RL steps (mode=rl)")
-    learning_rate: float = Field(
-        default=2e-4, gt=0.0, allow_inf_nan=False, description="the optimiser's learning rate"
-    )
-    lr_schedule: LrSchedule = Field(
-        default="constant",
-        description="the learning rate over the run's RL steps: constant, linear (to lr/N at "
-        "the last of N steps, as TRL's and tinker-cookbook's) or cosine",
     )
     lora_rank: int = Field(
         default=16,
@@ -150,39 +149,13 @@ class RunConfig(BaseModel):
         le=512,
         description="LoRA rank of TorchBackend's adapter (ART's defaults apply elsewhere)",
     )
-    loss_fn: Loss = Field(default="cispo", description="cispo or ppo")
-    kl_penalty_coef: float = Field(
-        default=0.0, ge=0.0, description="KL penalty against the base model"
-    )
-    scale_rewards: bool = Field(
-        default=False,
-        description="divide group advantages by their standard deviation (on in ART and TRL; "
-        "off learned more here: docs/results.md)",
-    )
-    eval_every: int = Field(
-        default=8, ge=1, description="validation every N steps (step 0 and the last always)"
-    )
     max_exceptions: float = Field(
         default=0.1,
         ge=0.0,
         description="tolerated fraction of failed rollout groups per step (ART's semantics)",
     )
 
-    # watching the run: early stop on a val plateau, the reward-hacking alarm, Weave tracing
-    patience: int | None = Field(
-        default=None,
-        ge=1,
-        description="mode=rl: stop after N evaluations without a val improvement; default never",
-    )
-    min_delta: float = Field(
-        default=0.0, ge=0.0, description="the improvement that counts for patience"
-    )
-    alarm_reward_rise: float = Field(
-        default=0.05, ge=0.0, description="reward-hacking alarm: train reward up by this much ..."
-    )
-    alarm_val_drop: float = Field(
-        default=0.05, ge=0.0, description="... while val accuracy falls by this much"
-    )
+    # watching the run: Weave tracing (the rl section has the early stop and the alarm)
     weave_project: str | None = Field(
         default=None,
         description="entity/project (or project): trace the run with W&B Weave; default off",
@@ -209,6 +182,8 @@ class RunConfig(BaseModel):
         "(rl:rl_batches_per_round, ei), n_batches unused (refused if given)",
     )
 
+    # RL (an rl phase): its own section, rl.learning_rate=... or learning_rate=... as ever
+    rl: RLConfig = Field(default_factory=RLConfig)
     # GEPA (mode=gepa): its own keys on the command line, e.g. max_metric_calls=200
     gepa: GEPAConfig = Field(default_factory=GEPAConfig)
     # expert iteration (mode=ei): its own keys, e.g. hinted_samples_per_x=8 distill=sft
@@ -216,13 +191,29 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data: Any) -> Any:
+    def _old_names(cls, data: object) -> object:
         refuse_renamed(data, "RunConfig")
         return data
 
     @model_validator(mode="before")
     @classmethod
-    def _phases_mode(cls, data: Any) -> Any:
+    def _rl_section(cls, data: object) -> object:
+        """The rl phase's keys given flat (`learning_rate=...`, as ever) go to its section."""
+        if not isinstance(data, dict) or not set(data) & set(RLConfig.model_fields):
+            return data
+        given = data.get("rl")
+        section = (
+            given.model_dump(exclude_unset=True)
+            if isinstance(given, RLConfig)
+            else dict(given or {})
+        )
+        flat = {k: v for k, v in data.items() if k in RLConfig.model_fields}
+        rest = {k: v for k, v in data.items() if k not in RLConfig.model_fields}
+        return {**rest, "rl": {**section, **flat}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _phases_mode(cls, data: object) -> object:
         """`phases=` is its own mode: a list given with another mode is refused, not merged."""
         if not isinstance(data, dict):
             return data
@@ -253,7 +244,7 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"enable_expert_iteration does not apply to mode={self.mode}; use {where}"
             )
-        if self.mode == "rl" and "n_batches" in self.model_fields_set:
+        if self.mode == "rl" and "n_batches" in self.rl.model_fields_set:
             raise ValueError(
                 "mode=rl with enable_expert_iteration=true runs rounds x (rl_batches_per_round "
                 f"RL steps, one EI round): phases={spell(self.plan)}; n_batches is not used, "
@@ -297,7 +288,7 @@ class RunConfig(BaseModel):
 
     @field_validator("eval_k", mode="before")
     @classmethod
-    def _k_list(cls, value: Any) -> Any:
+    def _k_list(cls, value: object) -> object:
         return (
             [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
         )
@@ -345,16 +336,16 @@ class RunConfig(BaseModel):
         return parse_mixture(self.scenario)
 
     @property
-    def plan(self) -> tuple[Phase, ...]:
+    def plan(self) -> tuple[PlanEntry, ...]:
         """The run's phases: `phases=` as given, else the mode's preset."""
         if self.phases is not None:
             return parse_phases(self.phases, rl_steps=self.rl_batches_per_round)
         if self.mode in ("eval", "gepa"):
-            return (Phase(kind=self.mode),)
+            return (PlanEntry(kind=self.mode),)
         if self.mode == "ei":
-            return (Phase(kind="ei", count=self.ei.rounds),)
+            return (PlanEntry(kind="ei", count=self.ei.rounds),)
         if self.mode == "rl" and not self.enable_expert_iteration:
-            return (Phase(kind="rl", count=self.n_batches),)
+            return (PlanEntry(kind="rl", count=self.rl.n_batches),)
         return plan(
             self.rounds,
             gepa=self.mode != "rl",
@@ -376,7 +367,7 @@ class RunConfig(BaseModel):
     def with_gepa(self) -> bool:
         return "gepa" in kinds_of(self.plan)
 
-    def phase_overrides(self) -> dict[str, dict[str, Any]]:
+    def phase_overrides(self) -> dict[str, dict[str, JsonValue]]:
         """The shared knobs (group_size, max_tokens, ...) that a GEPA or EI phase of this run
         runs with a value other than the run's: logged at start and kept in config.json."""
         subs = {"gepa": self.gepa, "ei": self.ei}
@@ -396,21 +387,26 @@ class RunConfig(BaseModel):
     def directory(self) -> Path:
         return self.run_dir or Path("runs") / self.name
 
-    def public_dump(self) -> dict[str, Any]:
+    def public_dump(self) -> dict[str, JsonValue]:
         """The config as JSON-able data with anything secret-looking masked: the sub-configs
-        of the phases it runs, its phases spelt as `phases=` words (a mode as its preset) and
-        the knobs a phase overrides."""
+        of the phases it runs, the rl section's keys flat (as config.json has always had
+        them), its phases spelt as `phases=` words (a mode as its preset) and the knobs a
+        phase overrides."""
         unused = set(SUBCONFIGS) - kinds_of(self.plan)
-        dumped = json.loads(self.model_dump_json(exclude=unused))
+        dumped = json.loads(self.model_dump_json(exclude={*unused, "rl"}))
+        # the rl section's keys where config.json has always had them (report, compare)
+        dumped |= json.loads(self.rl.model_dump_json())
         dumped |= {"phases": spell(self.plan), "phase_overrides": self.phase_overrides()}
-        return mask_secrets(dumped)
+        masked = mask_secrets(dumped)
+        assert isinstance(masked, dict)
+        return masked
 
 
 # Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
 # `gepa`); a key that several sub-configs know goes to each of them. Run keys that a sub-config
 # also has (seed, max_tokens, ...) are handed down, so one `seed=` seeds everything.
 SUBCONFIGS: dict[str, type[BaseModel]] = {"gepa": GEPAConfig, "ei": EIConfig}
-_INTERNAL = {"source_overrides", "policy", *SUBCONFIGS}
+_INTERNAL = {"source_overrides", "policy", "rl", *SUBCONFIGS}
 
 
 def _subconfig_keys() -> dict[str, list[str]]:
@@ -423,11 +419,12 @@ def _subconfig_keys() -> dict[str, list[str]]:
     return owners
 
 
-def _unknown(key: str, fields: dict[str, Any], owners: dict[str, list[str]]) -> ConfigError:
+def _unknown(key: str, fields: Mapping[str, object], owners: dict[str, list[str]]) -> ConfigError:
     """An unknown key: the closest known one and where the list is, not the list itself."""
     roles = [f"{r}.{f}" for r in ROLES for f in LLMRole.model_fields]
     roles += [f"policy.{f}" for f in PolicyRole.model_fields]
     roles += [f"{name}.{f}" for name, model in SUBCONFIGS.items() for f in model.model_fields]
+    roles += [*RLConfig.model_fields, *(f"rl.{f}" for f in RLConfig.model_fields)]
     hint = did_you_mean(key, [*fields, *owners, *roles])
     return ConfigError(f"unknown key {key!r}{hint}; {KEYS_POINTER}")
 
@@ -448,10 +445,11 @@ def parse_args(argv: list[str]) -> RunConfig:
     given, so one `seed=` seeds everything; a sub-config keeps its own default otherwise."""
     fields = {k: v for k, v in RunConfig.model_fields.items() if k not in _INTERNAL}
     owners = _subconfig_keys()
-    values: dict[str, Any] = {}
-    sub: dict[str, dict[str, Any]] = {name: {} for name in SUBCONFIGS}
-    source: dict[str, Any] = {}
-    policy: dict[str, Any] = {}
+    values: dict[str, object] = {}
+    sub: dict[str, dict[str, object]] = {name: {} for name in SUBCONFIGS}
+    source: dict[str, JsonValue] = {}
+    policy: dict[str, str | None] = {}
+    rl: dict[str, str] = {}  # the rl section: `learning_rate=` or `rl.learning_rate=`
     seen: set[str] = set()
     for word in argv:
         given, sep, raw = word.partition("=")
@@ -475,7 +473,16 @@ def parse_args(argv: list[str]) -> RunConfig:
         elif role in ROLES and dot:
             if field not in LLMRole.model_fields:
                 raise _unknown(key, fields, owners)
-            sub[ROLES[role]].setdefault(role, {})[field] = value
+            keys = sub[ROLES[role]].setdefault(role, {})
+            assert isinstance(keys, dict)
+            keys[field] = value
+        elif (role == "rl" and dot) or key in RLConfig.model_fields:
+            name = field if dot else key
+            if name not in RLConfig.model_fields:
+                raise _unknown(key, fields, owners)
+            if name in rl:
+                raise ConfigError(f"key {name!r} given twice (as {name}= and rl.{name}=)")
+            rl[name] = raw
         elif role in SUBCONFIGS and dot:  # `gepa.group_size=1`: that sub-config only
             if field not in SUBCONFIGS[role].model_fields:
                 raise _unknown(key, fields, owners)
@@ -491,6 +498,10 @@ def parse_args(argv: list[str]) -> RunConfig:
         values["source_overrides"] = source
     if policy:
         values["policy"] = policy
+    try:  # first, so the run's checks across keys see the rl section as given
+        values["rl"] = RLConfig.model_validate(rl)
+    except ValidationError as error:
+        raise first_error(error, rl) from None
     try:
         config = RunConfig.model_validate(values)
     except ValidationError as error:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 
 class Episode(BaseModel):
@@ -157,7 +157,9 @@ class RoundBuffer(BaseModel):
 
 
 class EIState(BaseModel):
-    """`ei/state.json`: finished rounds, evaluations by round, and the pending buffer.
+    """The ei phase's state: `state.json` of `mode=ei` (in a longer list, the list state's
+    `ei` section): the rounds done (within the phase), evaluations by round (alone), the
+    pending buffer, and the totals and teacher counters every EI phase of the run adds to.
 
     `pending` is set (with the model step it was taken at) before a round trains and cleared
     after; on resume, a pending buffer with the model already past `pending_step` means the
@@ -165,11 +167,11 @@ class EIState(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    fingerprint: str
+    fingerprint: str  # "" in a list converted from an older art_rlvr: set by its next round
     rounds_done: int = 0
     evals: dict[str, float] = Field(default_factory=dict)  # round -> val accuracy
     eval_steps: dict[str, int] = Field(default_factory=dict)  # round -> model step
     pending: RoundBuffer | None = None
     pending_step: int | None = None
     totals: dict[str, float] = Field(default_factory=dict)
-    teacher_counters: dict[str, Any] | None = None
+    teacher_counters: dict[str, JsonValue] | None = None  # llm.LLMCounters.snapshot()

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import art
 
@@ -116,13 +116,24 @@ def by_scenario(
     return {name: correct[name] / (n * samples) for name, n in counts.items()}
 
 
+class EvalExtra(TypedDict, total=False):
+    """What an evaluation's event carries beside its report: clocks, round, policy, cost."""
+
+    wall_seconds: float
+    cpu_seconds: float
+    round: int | None
+    policy: str | None
+    cost_usd: float | None
+    pass_all: dict[int, float]
+
+
 def eval_event(
     report: EvalReport | SampledReport,
     step: int,
     *,
     accuracies: dict[str, float],
     tag: str = "",
-    **extra: Any,
+    **extra: Unpack[EvalExtra],
 ) -> EvalEvent:
     """The metrics line of an evaluation, greedy or sampled (`extra`: clocks, policy, cost).
     A mixture's accuracy is the mean of its scenarios' (each scenario weighs the same)."""

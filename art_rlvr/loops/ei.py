@@ -1,15 +1,16 @@
-"""The expert-iteration loop of a run: rounds of sample -> select / hint -> relabel -> distil,
-with greedy val evaluations in between.
+"""The ei phase of a run: rounds of sample -> select / hint -> relabel -> distil; alone
+(`mode=ei`), with greedy val evaluations in between.
 
-Same shape as `run_rl`: the run folder holds the state (`state.json`, an `EIState`), every
-event goes to `metrics.jsonl`, trajectories to `trajectories/` (`train_RRRR` clean attempts,
-`hinted_RRRR` hinted ones, `val_RRRR` evaluations, where RRRR is the round), and each round's
-buffer (examples, hints, stats) to `ei/round_RRRR.json`, hints also to `ei/hints.jsonl`.
+Alone, the run folder holds its state (`state.json`, an `EIState`; in a list, the `ei`
+section of the list's state), every event goes to `metrics.jsonl`, trajectories to
+`trajectories/` (`train_RRRR` clean attempts, `hinted_RRRR` hinted ones, `val_RRRR`
+evaluations, where RRRR is the round), and each round's buffer (examples, hints, stats) to
+`ei/round_RRRR.json`, hints also to `ei/hints.jsonl`.
 
-Resume: a round's buffer is written into the state atomically before it trains. A run killed
-while sampling redoes that round (its rollouts are seeded); one killed while training trains
-on the saved buffer, or, if the checkpoint of that training is already on disk, only finishes
-the bookkeeping. Raising `rounds` and re-running continues a finished run.
+Resume (the phase's `Ledger`): a round's buffer is staged in the state before it trains. A
+run killed while sampling redoes that round (its rollouts are seeded); one killed while
+training trains on the saved buffer, or, if the checkpoint of that training is already on
+disk, only finishes the bookkeeping. Raising `rounds` and re-running continues a finished run.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import ClassVar
 
-from pydantic import ValidationError
+from pydantic import JsonValue
 
 from art_rlvr.core import text
 from art_rlvr.ei.config import EIConfig, start_problem
@@ -29,8 +30,10 @@ from art_rlvr.ei.files import write_round_records
 from art_rlvr.ei.hints import make_teacher
 from art_rlvr.llm.client import LLMClient, LLMCounters
 from art_rlvr.loops.context import RunContext, clocks, eval_due, one_scenario, run_eval
+from art_rlvr.loops.phase import PhaseRun, Summary
+from art_rlvr.loops.plan import PhaseKind
+from art_rlvr.loops.state import RunState
 from art_rlvr.rundir.events import EIRoundEvent
-from art_rlvr.rundir.files import StateFileError
 
 log = logging.getLogger(__name__)
 
@@ -75,33 +78,6 @@ def check_records(ctx: RunContext, config: EIConfig) -> None:
         config, one_scenario(ctx, "expert iteration"), ctx.config.system_prompt
     ):
         raise ValueError(problem)
-
-
-def load_state(ctx: RunContext, fp: str, step: int) -> EIState:
-    raw = ctx.files.read_json("state.json")
-    if raw is None:
-        if step:
-            raise ValueError(
-                f"{ctx.files.root} holds a model at step {step} but no EI state; use a new run_dir"
-            )
-        return EIState(fingerprint=fp)
-    try:
-        state = EIState.model_validate(raw)
-    except ValidationError:
-        raise StateFileError(
-            f"{ctx.files.root / 'state.json'} is not an expert-iteration state (another mode's "
-            "run?); use a new run_dir"
-        ) from None
-    if state.fingerprint != fp:
-        raise ValueError(
-            f"{ctx.files.root} holds an EI run with other settings (seed, sizes, sampling, "
-            "teacher or distillation differ); use a new run_dir, or the same settings to resume"
-        )
-    return state
-
-
-def save(ctx: RunContext, state: EIState) -> None:
-    ctx.files.write_json("state.json", state.model_dump(mode="json"))
 
 
 def log_round(buffer: RoundBuffer, config: EIConfig, rounds: int) -> None:
@@ -167,13 +143,13 @@ def round_totals(totals: Mapping[str, float], buffer: RoundBuffer) -> dict[str, 
 
 
 def teacher_of(
-    ctx: RunContext, config: EIConfig, snapshot: dict[str, Any] | None
+    ctx: RunContext, config: EIConfig, snapshot: Mapping[str, JsonValue] | None
 ) -> tuple[LLMClient | None, str | None]:
     """The teacher client (and its name) with its counters restored from a saved state, or
     (None, None) without teacher hints."""
     if not config.enable_teacher_hints:
         return None, None
-    return make_teacher(ctx.model, config, LLMCounters.restore(snapshot or {}))
+    return make_teacher(ctx.model, config, LLMCounters.restore(dict(snapshot or {})))
 
 
 async def ei_round(
@@ -219,67 +195,26 @@ async def ei_round(
     return output.buffer, metrics, time.monotonic() - began
 
 
-def pending_keeper(ctx: RunContext, state: EIState) -> Callable[[RoundBuffer, int], None]:
-    """Writes a collected round's buffer into `state.json` before it trains."""
-
-    def keep(buffer: RoundBuffer, step: int) -> None:
-        save(ctx, state.model_copy(update={"pending": buffer, "pending_step": step}))
-
-    return keep
-
-
-def finish_round(
-    ctx: RunContext,
-    state: EIState,
-    buffer: RoundBuffer,
-    train_metrics: dict[str, float] | None,
-    teacher: LLMClient | None,
-    *,
-    step: int,
-    seconds: float | None,
-) -> EIState:
-    totals = round_totals(state.totals, buffer)
-    totals["rounds_trained"] = totals.get("rounds_trained", 0.0) + float(train_metrics is not None)
-    reliance = [e.hint_reliance for e in buffer.examples if e.hint_reliance is not None]
-    totals["hint_reliance_sum"] = totals.get("hint_reliance_sum", 0.0) + sum(reliance)
-    totals["hint_reliance_n"] = totals.get("hint_reliance_n", 0.0) + len(reliance)
-    state = state.model_copy(
-        update={
-            "rounds_done": buffer.round + 1,
-            "pending": None,
-            "pending_step": None,
-            "totals": totals,
-            "teacher_counters": teacher.counters.snapshot() if teacher else state.teacher_counters,
-        }
-    )
-    save(ctx, state)  # state first: a kill right here loses a log line, repeats nothing
-    book_round(ctx, buffer, step=step, train_metrics=train_metrics, seconds=seconds)
-    return state
-
-
-def book_round(
+def round_event(
     ctx: RunContext,
     buffer: RoundBuffer,
-    *,
     step: int,
     train_metrics: dict[str, float] | None,
     seconds: float | None,
-) -> None:
+) -> EIRoundEvent:
     """A trained round's `ei_round` event (its files are written before it trains, by
     `ei.files.write_round_records`)."""
     stats = buffer.stats.model_dump()
-    ctx.files.append_event(
-        EIRoundEvent.model_validate(  # the round's stats and `train/*` metrics: open-ended
-            {
-                "round": buffer.round,
-                "step": step,
-                **{k: v for k, v in stats.items() if k != "round"},
-                **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
-                "trained": train_metrics is not None,
-                "seconds": seconds or 0.0,
-                **clocks(ctx),
-            }
-        )
+    return EIRoundEvent.model_validate(  # the round's stats and `train/*` metrics: open-ended
+        {
+            "round": buffer.round,
+            "step": step,
+            **{k: v for k, v in stats.items() if k != "round"},
+            **{f"train/{k}": v for k, v in (train_metrics or {}).items()},
+            "trained": train_metrics is not None,
+            "seconds": seconds or 0.0,
+            **clocks(ctx),
+        }
     )
 
 
@@ -293,82 +228,169 @@ async def distill_in_run(
         ctx.backend,
         buffer,
         config,
-        learning_rate=run.learning_rate,
-        loss_fn=run.loss_fn,
-        kl_penalty_coef=run.kl_penalty_coef,
-        scale_rewards=run.scale_rewards,
+        learning_rate=run.rl.learning_rate,
+        loss_fn=run.rl.loss_fn,
+        kl_penalty_coef=run.rl.kl_penalty_coef,
+        scale_rewards=run.rl.scale_rewards,
     )
 
 
-async def run_ei(ctx: RunContext, config: EIConfig) -> dict[str, Any]:
-    """Run (or resume) expert iteration; the returned dict goes into summary.json."""
-    run = ctx.config
-    check_records(ctx, config)
-    (ctx.files.root / "ei").mkdir(exist_ok=True)
-    fp = fingerprint(config, ctx.scenario.name, run.system_prompt)
-    step = await ctx.model.get_step()
-    state = load_state(ctx, fp, step)
-    teacher, teacher_name = teacher_of(ctx, config, state.teacher_counters)
-    if state.pending is None and state.rounds_done:
-        log.info("resuming at round %d of %d", state.rounds_done + 1, config.rounds)
+class EIPhase:
+    """The ei phase: `entry.count` expert-iteration rounds under the run's `s`, each staged (its
+    buffer in the state before it trains) and booked through the phase's ledger. Alone
+    (`mode=ei`) it evaluates on val every `eval_every_rounds` rounds, by round."""
 
-    while True:
-        r = state.rounds_done
-        if state.pending is None:  # a kept buffer's round was evaluated before it was collected
-            if eval_due(r, config.rounds, config.eval_every_rounds) and str(r) not in state.evals:
-                report = await run_eval(ctx, await ctx.model.get_step(), round=r)
-                state = state.model_copy(
-                    update={
-                        "evals": {**state.evals, str(r): report.accuracy},
-                        "eval_steps": {**state.eval_steps, str(r): await ctx.model.get_step()},
-                    }
-                )
-                save(ctx, state)
-            if r >= config.rounds:
-                break
-        buffer, train_metrics, seconds = await ei_round(
-            ctx,
-            config,
-            r,
-            system_prompt=run.system_prompt,
-            teacher=teacher,
-            pending=state.pending,
-            pending_step=state.pending_step,
-            keep=pending_keeper(ctx, state),
-            rounds=config.rounds,
+    kind: ClassVar[PhaseKind] = "ei"
+    journaled: ClassVar[bool] = False
+    state_model = EIState
+    what = "an expert-iteration"
+
+    def __init__(self, config: EIConfig) -> None:
+        self.config = config  # the run's `ei` settings, `rounds` the phase's count
+
+    async def fresh(self, run: PhaseRun[EIState]) -> EIState:
+        ctx = run.ctx
+        if run.alone and (step := await ctx.model.get_step()):
+            raise ValueError(
+                f"{ctx.files.root} holds a model at step {step} but no EI state; use a new run_dir"
+            )
+        return EIState(fingerprint=self.fingerprint(ctx))
+
+    def fingerprint(self, ctx: RunContext) -> str:
+        return fingerprint(self.config, ctx.scenario.name, ctx.config.system_prompt)
+
+    def part(self, state: RunState) -> EIState | None:
+        return state.ei
+
+    def settled(self, state: EIState) -> EIState:
+        return state.model_copy(update={"rounds_done": 0, "pending": None, "pending_step": None})
+
+    def measured(self, state: EIState) -> float | None:
+        return None
+
+    async def run(self, run: PhaseRun[EIState], state: EIState) -> EIState:
+        ctx, config = run.ctx, self.config
+        check_records(ctx, config)
+        (ctx.files.root / "ei").mkdir(exist_ok=True)
+        fp = self.fingerprint(ctx)
+        if not state.fingerprint:  # a list's state from an older art_rlvr kept none
+            state = state.model_copy(update={"fingerprint": fp})
+        if state.fingerprint != fp:
+            raise ValueError(
+                f"{ctx.files.root} holds an EI run with other settings (seed, sizes, sampling, "
+                "teacher or distillation differ); use a new run_dir, or the same settings to "
+                "resume"
+            )
+        teacher, _ = teacher_of(ctx, config, state.teacher_counters)
+        rounds = run.entry.count
+        if run.alone and state.pending is None and state.rounds_done:
+            log.info("resuming at round %d of %d", state.rounds_done + 1, rounds)
+        while True:
+            done = state.rounds_done
+            if state.pending is None:  # a kept buffer's round was evaluated before it was kept
+                if run.alone and eval_due(done, rounds, config.eval_every_rounds):
+                    state = await self.evaluate(run, state, done)
+                if done >= rounds:
+                    return state
+            keep = stager(run, state)
+
+            buffer, train_metrics, seconds = await ei_round(
+                ctx,
+                config,
+                run.entry.round + done,
+                system_prompt=run.prompt,
+                teacher=teacher,
+                pending=state.pending,
+                pending_step=state.pending_step,
+                keep=keep,
+                rounds=run.ei_rounds,
+                tag="" if run.alone else "_ei",
+            )
+            step = await ctx.model.get_step()
+            state = finish_round(state, buffer, train_metrics, teacher)
+            state = run.ledger.book(state, round_event(ctx, buffer, step, train_metrics, seconds))
+
+    async def evaluate(self, run: PhaseRun[EIState], state: EIState, done: int) -> EIState:
+        """Alone: the greedy val evaluation after `done` rounds (once: recorded by round)."""
+        if str(done) in state.evals:
+            return state
+        ctx = run.ctx
+        report = await run_eval(ctx, await ctx.model.get_step(), round=done)
+        state = state.model_copy(
+            update={
+                "evals": {**state.evals, str(done): report.accuracy},
+                "eval_steps": {**state.eval_steps, str(done): await ctx.model.get_step()},
+            }
         )
-        state = finish_round(
-            ctx, state, buffer, train_metrics, teacher,
-            step=await ctx.model.get_step(), seconds=seconds,
-        )  # fmt: skip
+        run.ledger.save(state)
+        return state
 
-    evals = state.evals
-    totals = state.totals
-    attempts = totals.get("clean_attempts", 0.0)
-    summary: dict[str, Any] = {
-        "val_accuracy_before": evals.get("0"),
-        "val_accuracy_after": evals.get(str(config.rounds)),
-        "val_curve": {int(k): v for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))},
-        "rounds": state.rounds_done,
-        "steps": await ctx.model.get_step(),
-        "distill": config.distill,
-        "rollouts": int(attempts + totals.get("hinted_attempts", 0.0)),
-        **{k: int(v) for k, v in totals.items() if k in _TOTALS},
-        "teacher": teacher_name,
-        "hint_reliance_mean": (
-            totals["hint_reliance_sum"] / totals["hint_reliance_n"]
-            if totals.get("hint_reliance_n")
-            else None
-        ),
-    }
-    if teacher is not None:
-        snapshot = teacher.counters.snapshot()
-        summary |= {
-            "teacher_calls": snapshot["calls"],
-            "teacher_call_errors": snapshot["error_total"],
+    async def summary(self, run: PhaseRun[EIState], state: EIState) -> Summary:
+        ctx, config, rounds = run.ctx, self.config, run.entry.count
+        evals, totals = state.evals, state.totals
+        attempts = totals.get("clean_attempts", 0.0)
+        teacher, teacher_name = teacher_of(ctx, config, state.teacher_counters)
+        summary: Summary = {
+            "val_accuracy_before": evals.get("0"),
+            "val_accuracy_after": evals.get(str(rounds)),
+            "val_curve": {int(k): v for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))},
+            "rounds": state.rounds_done,
+            "steps": await ctx.model.get_step(),
+            "distill": config.distill,
+            "rollouts": int(attempts + totals.get("hinted_attempts", 0.0)),
+            **totals_of(totals),
+            "teacher": teacher_name,
+            "hint_reliance_mean": (
+                totals["hint_reliance_sum"] / totals["hint_reliance_n"]
+                if totals.get("hint_reliance_n")
+                else None
+            ),
         }
-    if run.eval_test and ctx.scenario.splits["test"]:
-        summary["test_accuracy_after"] = (
-            await run_eval(ctx, await ctx.model.get_step(), split="test", round=state.rounds_done)
-        ).accuracy
-    return summary
+        if teacher is not None:
+            snapshot = teacher.counters.snapshot()
+            summary |= {
+                "teacher_calls": snapshot["calls"],
+                "teacher_call_errors": snapshot["error_total"],
+            }
+        if ctx.config.eval_test and ctx.scenario.splits["test"]:
+            step = await ctx.model.get_step()
+            report = await run_eval(ctx, step, split="test", round=state.rounds_done)
+            summary["test_accuracy_after"] = report.accuracy
+        return summary
+
+
+def stager(run: PhaseRun[EIState], state: EIState) -> Callable[[RoundBuffer, int], None]:
+    """Stages a collected round's buffer (and the step it trains from) before it trains."""
+
+    def keep(buffer: RoundBuffer, step: int) -> None:
+        run.ledger.stage(state.model_copy(update={"pending": buffer, "pending_step": step}))
+
+    return keep
+
+
+def totals_of(totals: Mapping[str, float]) -> dict[str, int]:
+    """The round counts of `totals` under their names (`ei_round` events, the summary)."""
+    return {k: int(v) for k, v in totals.items() if k in _TOTALS}
+
+
+def finish_round(
+    state: EIState,
+    buffer: RoundBuffer,
+    train_metrics: dict[str, float] | None,
+    teacher: LLMClient | None,
+) -> EIState:
+    """The state after a round: its counts added, its buffer no longer pending."""
+    totals = round_totals(state.totals, buffer)
+    totals["rounds_trained"] = totals.get("rounds_trained", 0.0) + float(train_metrics is not None)
+    reliance = [e.hint_reliance for e in buffer.examples if e.hint_reliance is not None]
+    totals["hint_reliance_sum"] = totals.get("hint_reliance_sum", 0.0) + sum(reliance)
+    totals["hint_reliance_n"] = totals.get("hint_reliance_n", 0.0) + len(reliance)
+    return state.model_copy(
+        update={
+            "rounds_done": state.rounds_done + 1,
+            "pending": None,
+            "pending_step": None,
+            "totals": totals,
+            "teacher_counters": teacher.counters.snapshot() if teacher else state.teacher_counters,
+        }
+    )

@@ -10,16 +10,23 @@ from __future__ import annotations
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 from art_rlvr.config.keys import ConfigError
+from art_rlvr.eval.policy import LiteLLMPolicy
+from art_rlvr.loops.phase import PhaseRun, Summary
+from art_rlvr.loops.plan import PhaseKind
+from art_rlvr.loops.state import EvalState, RunState
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.scenarios.mixture import Mixture
 from art_rlvr.scenarios.scenario import Scenario
 
 if TYPE_CHECKING:
+    import art
+
     from art_rlvr.config.run_config import RunConfig
+    from art_rlvr.eval.journal import Spent
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +35,12 @@ async def sampled_eval(
     cfg: RunConfig,
     scenario: Scenario | Mixture,
     files: RunFiles,
-    model: Any,
+    model: art.Model | LiteLLMPolicy,
     started: float,
     cpu_started: float,
     *,
     system_prompt: str | None,
-) -> dict[str, Any]:
+) -> Summary:
     """`eval_samples` rollouts per val item (greedy by default) under `system_prompt`, pass@k
     and pass^k, of the run's own model or an external policy (`policy.model`), resumable from
     evals/val_<step>/ (eval.journal); logged to metrics.jsonl and trajectories/val_<step>."""
@@ -43,7 +50,8 @@ async def sampled_eval(
 
     examples = scenario.held_out("val", cfg.val_limit)
     external = cfg.policy.model is not None
-    step = 0 if external else await model.get_step()
+    own = None if external or isinstance(model, LiteLLMPolicy) else model  # the run's model
+    step = 0 if own is None else await own.get_step()
     sampling = SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.eval_temperature)
     plan = plan_for(
         split="val",
@@ -94,8 +102,8 @@ async def sampled_eval(
         log.info("step %d %s%s", step, line, reused)
     files.append_event(event)
     files.write_trajectories(f"val_{step:04d}", result.report.groups)
-    if not external:  # ART's history lives with the run's own (trainable) model
-        await files.log_once(model, f"val/{step}", report.groups, split="val", step=step)
+    if own is not None:  # ART's history lives with the run's own (trainable) model
+        await files.log_once(own, f"val/{step}", report.groups, split="val", step=step)
     return {
         "val_accuracy_before": event.accuracy,
         "val_accuracy_after": event.accuracy,
@@ -110,7 +118,47 @@ async def sampled_eval(
     }
 
 
-def policy_spent(model: Any) -> Any:
+class EvalPhase:
+    """The eval phase: `sampled_eval` of the run's model under the run's `s`. Its journal is
+    its resume; what it measured is booked on a list's curve (no greedy evaluation repeats
+    it) and, alone (`mode=eval`), is the run's summary."""
+
+    kind: ClassVar[PhaseKind] = "eval"
+    journaled: ClassVar[bool] = True
+    state_model = EvalState
+    what = "an eval phase's"
+
+    async def fresh(self, run: PhaseRun[EvalState]) -> EvalState:
+        return EvalState()
+
+    def part(self, state: RunState) -> EvalState | None:
+        return None
+
+    async def run(self, run: PhaseRun[EvalState], state: EvalState) -> EvalState:
+        ctx = run.ctx
+        result = await sampled_eval(
+            ctx.config,
+            ctx.scenario,
+            ctx.files,
+            ctx.model,
+            ctx.started,
+            ctx.cpu_started,
+            system_prompt=run.prompt,
+        )
+        return state.model_copy(update={"result": result})
+
+    def settled(self, state: EvalState) -> EvalState:
+        return EvalState()
+
+    def measured(self, state: EvalState) -> float | None:
+        accuracy = state.result.get("val_accuracy_after")
+        return float(accuracy) if isinstance(accuracy, int | float) else None
+
+    async def summary(self, run: PhaseRun[EvalState], state: EvalState) -> Summary:
+        return dict(state.result)
+
+
+def policy_spent(model: object) -> Spent | None:
     """An external litellm policy's running spending, as the evaluation journals it."""
     from art_rlvr.eval.journal import Spent
     from art_rlvr.eval.policy import spent
@@ -119,7 +167,9 @@ def policy_spent(model: Any) -> Any:
     return None if usage is None else Spent.model_validate(usage, from_attributes=True)
 
 
-def model_about(cfg: RunConfig, model: Any, step: int) -> dict[str, Any]:
+def model_about(
+    cfg: RunConfig, model: art.Model | LiteLLMPolicy, step: int
+) -> dict[str, str | int | None]:
     """Which model an evaluation scored, for its metadata (no key, only where it is served)."""
     if cfg.policy.model is not None:
         return {"policy": cfg.policy.model, "api_base": cfg.policy.api_base}

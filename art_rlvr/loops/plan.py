@@ -26,7 +26,7 @@ KINDS: tuple[PhaseKind, ...] = get_args(PhaseKind)
 COUNTED: dict[PhaseKind, str] = {"rl": "RL steps", "ei": "expert-iteration rounds"}
 
 
-class Phase(BaseModel):
+class PlanEntry(BaseModel):
     """One phase of a run: its kind, its round (see `numbered`) and, for `rl` and `ei`, how
     many steps or rounds it runs (`count`; 1 for `gepa` and `eval`)."""
 
@@ -53,24 +53,24 @@ class PhaseError(ValueError):
     """A `phases=` list that does not parse, phrased for the command line."""
 
 
-def numbered(kinds: Sequence[tuple[PhaseKind, int]]) -> tuple[Phase, ...]:
+def numbered(kinds: Sequence[tuple[PhaseKind, int]]) -> tuple[PlanEntry, ...]:
     """(kind, count) pairs -> phases with their rounds. A phase's round is the number of RL
     phases before it (an EI phase: the round of the RL phase it follows), and never below the
     round after the last phase of its kind, so that labels and GEPA folders are unique. The
     GEPA + RL schedule's `gepa_r0 rl_r0 ei_r0 gepa_r1 ...` falls out of this rule."""
-    phases: list[Phase] = []
+    phases: list[PlanEntry] = []
     rl_before = 0
     following: dict[PhaseKind, int] = {}  # the first round a next phase of that kind may take
     for kind, count in kinds:
         base = rl_before - 1 if kind == "ei" else rl_before
         round = max(base, following.get(kind, 0), 0)
-        phases.append(Phase(kind=kind, round=round, count=count))
+        phases.append(PlanEntry(kind=kind, round=round, count=count))
         following[kind] = round + (count if kind == "ei" else 1)
         rl_before += kind == "rl"
     return tuple(phases)
 
 
-def parse_phases(text: str, *, rl_steps: int) -> tuple[Phase, ...]:
+def parse_phases(text: str, *, rl_steps: int) -> tuple[PlanEntry, ...]:
     """`gepa,rl:8,ei,rl:8` -> phases; a bare `rl` runs `rl_steps` steps, a bare `ei` one round."""
     words = [w.strip() for w in text.split(",")]
     if not all(words):
@@ -96,14 +96,14 @@ def parse_phases(text: str, *, rl_steps: int) -> tuple[Phase, ...]:
     return numbered(kinds)
 
 
-def spell(phases: Sequence[Phase]) -> str:
+def spell(phases: Sequence[PlanEntry]) -> str:
     """The `phases=` words of a list (`parse_phases` reads them back to the same phases)."""
     return ",".join(p.word for p in phases)
 
 
 def plan(
     rounds: int, *, gepa: bool, skip_first_gepa: bool, expert_iteration: bool, rl_steps: int
-) -> tuple[Phase, ...]:
+) -> tuple[PlanEntry, ...]:
     """The GEPA + RL (+ EI) schedule's preset: `rounds` x (GEPA, `rl_steps` RL steps, one EI
     round), GEPA left out of round 0 with `skip_first_gepa`."""
     kinds: list[tuple[PhaseKind, int]] = []
@@ -116,5 +116,5 @@ def plan(
     return numbered(kinds)
 
 
-def kinds_of(phases: Sequence[Phase]) -> set[PhaseKind]:
+def kinds_of(phases: Sequence[PlanEntry]) -> set[PhaseKind]:
     return {p.kind for p in phases}

@@ -1,8 +1,10 @@
-"""The RL-only loop: sample a batch of scenarios, N rollouts each, train, log; evaluate on val.
+"""The rl phase: sample a batch of scenarios, N rollouts each, train, log; alone (`mode=rl`),
+evaluate on val every `eval_every` steps.
 
 Resumable by construction: the model's checkpoint step *is* the number of finished batches,
 the batch at step b is a pure function of (seed, b), and evaluations are recorded in the state
-file by step. A killed run re-run in the same folder continues at the first unfinished step.
+by step. Each step is staged, committed and booked through the phase's `Ledger`, so a killed
+run re-run in the same folder continues at the first unfinished step.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import art
-from pydantic import BaseModel, ConfigDict, Field
 
 from art_rlvr.core.text import prompt_hash
 from art_rlvr.core.types import LrSchedule
 from art_rlvr.loops.context import RunContext, clocks, eval_due, group_metrics, run_eval
+from art_rlvr.loops.phase import Ledger, PhaseRun, Summary
+from art_rlvr.loops.plan import PhaseKind
+from art_rlvr.loops.state import PendingBatch, RunState, TrainState
 from art_rlvr.observe import tracing
 from art_rlvr.observe.alarms import plateaued, reward_hacking
 from art_rlvr.rollouts.functions import trainable
@@ -32,51 +36,14 @@ from art_rlvr.rundir.stored import read_groups
 log = logging.getLogger(__name__)
 
 
-class StateModel(BaseModel):
-    """A state file's model: a loop writes it and reads it back (resume) through the same
-    model; a key it does not know is another loop's state, not something to ignore."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PendingBatch(StateModel):
-    """The batch being trained when the state was written (its trajectories are saved as
-    `trajectories/train_pending.jsonl`): the step it trains from and its statistics; once the
-    backend has returned, also the step it landed as, its training metrics and seconds, so a
-    kill while the step is booked loses nothing."""
-
-    from_step: int
-    stats: dict[str, float]
-    landed_step: int | None = None
-    train_metrics: dict[str, float] | None = None
-    seconds: float = 0.0
-
-
-class TrainState(StateModel):
-    """What RL training books after every step: the rl phase's state.json when it runs alone
-    (`mode=rl`), the RL part of the schedule's. `evals` is keyed by step alone and by phase
-    label in the schedule."""
-
-    evals: dict[str, float] = Field(default_factory=dict)
-    pending: PendingBatch | None = None
-    tokens_trained: int = 0
-    # steps booked after a kill that lost their training metrics (`tokens_trained` lacks them)
-    recovered_steps: list[int] = Field(default_factory=list)
-    rollouts: int = 0
-    step_seconds: list[float] = Field(default_factory=list)
-    train_rewards: dict[str, float] = Field(default_factory=dict)  # step -> batch reward mean
-    alarms: list[dict[str, Any]] = Field(default_factory=list)  # observe.alarms.Alarm dumps
-    early_stop: dict[str, Any] | None = None
-
-
 @dataclass
 class StepOutcome:
     groups: list[art.TrajectoryGroup]
     stats: dict[str, float]
-    result: Any  # ART's TrainResult: .step, .metrics
+    result: art.TrainResult  # .step, .metrics
 
 
-def _step_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _step_inputs(inputs: Mapping[str, object]) -> dict[str, object]:
     system = inputs.get("system_prompt")
     return {
         "step": inputs.get("step"),
@@ -85,7 +52,7 @@ def _step_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _step_output(outcome: StepOutcome) -> dict[str, Any]:
+def _step_output(outcome: StepOutcome) -> dict[str, object]:
     return {"step": outcome.result.step, **outcome.stats, "train": outcome.result.metrics}
 
 
@@ -103,7 +70,7 @@ async def rl_step(
     rollouts, and the backend's training call on them at `learning_rate` (`before_train` sees
     the groups first, so a run can save them before the checkpoint exists)."""
     cfg = ctx.config
-    examples = ctx.scenario.train_batch(cfg.groups_per_batch, cfg.seed, step)
+    examples = ctx.scenario.train_batch(cfg.rl.groups_per_batch, cfg.seed, step)
     groups = await gather_groups(
         ctx.model,
         examples,
@@ -121,9 +88,9 @@ async def rl_step(
         ctx.model,
         trainable(groups),
         learning_rate=learning_rate,
-        loss_fn=cfg.loss_fn,
-        kl_penalty_coef=cfg.kl_penalty_coef,
-        scale_rewards=cfg.scale_rewards,
+        loss_fn=cfg.rl.loss_fn,
+        kl_penalty_coef=cfg.rl.kl_penalty_coef,
+        scale_rewards=cfg.rl.scale_rewards,
     )
     return StepOutcome(groups, stats, result)
 
@@ -135,32 +102,35 @@ async def train_until[S: TrainState](
     until: int,
     system_prompt: str | None,
     eval_at: Callable[[int], bool],
+    ledger: Ledger[S] | None = None,
 ) -> S:
     """RL steps from the model's current step up to `until` under a fixed `system_prompt`,
     with a val evaluation at each step where `eval_at(step)` (once: recorded in `state`).
 
     The batch at step b is a pure function of (seed, b) and the checkpoint step is the number
     of finished batches, so a killed run resumes here without losing or repeating a step.
-    `state` (evals, rollouts, tokens trained, step seconds) is written after every step."""
+    `state` (evals, rollouts, tokens trained, step seconds) goes through `ledger` (default:
+    `state.json`) after every step: staged before it trains, committed once it has, booked."""
     cfg = ctx.config
+    books: Ledger[S] = ledger or Ledger(ctx, lambda state: ctx.files.write_state(STATE, state))
     step = await ctx.model.get_step()
     sampling = SamplingConfig(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p
     )
     if state.pending is not None:
-        state = await recover_pending(ctx, state, state.pending, step)
+        state = await recover_pending(ctx, state, state.pending, step, books)
 
     def stage(groups: list[art.TrajectoryGroup], stats: dict[str, float]) -> None:
         ctx.files.write_trajectories(PENDING, groups)
         pending = PendingBatch(from_step=step, stats=stats)
-        ctx.files.write_state(STATE, state.model_copy(update={"pending": pending}))
+        books.stage(state.model_copy(update={"pending": pending}))
 
     while True:
         if eval_at(step) and str(step) not in state.evals:
             report = await run_eval(ctx, step, system_prompt=system_prompt)
             state = state.model_copy(update={"evals": {**state.evals, str(step): report.accuracy}})
             state = raise_alarms(ctx, state, step)
-            ctx.files.write_state(STATE, state)
+            books.save(state)
         if state.early_stop or step >= until:
             return state
         began = time.monotonic()
@@ -170,7 +140,7 @@ async def train_until[S: TrainState](
             system_prompt=system_prompt,
             sampling=sampling,
             learning_rate=scheduled_lr(
-                cfg.learning_rate, cfg.lr_schedule, len(state.step_seconds), cfg.rl_steps
+                cfg.rl.learning_rate, cfg.rl.lr_schedule, len(state.step_seconds), cfg.rl_steps
             ),
             before_train=stage,
         )
@@ -183,9 +153,9 @@ async def train_until[S: TrainState](
             train_metrics=result.metrics,
             seconds=seconds,
         )
-        ctx.files.write_state(STATE, state.model_copy(update={"pending": landed}))
+        books.commit(state.model_copy(update={"pending": landed}))
         step = result.step
-        state = await book_step(ctx, state, step, landed, groups)
+        state = await book_step(ctx, state, step, landed, groups, books)
         log.info(
             "step %d/%d reward %.3f acc %.3f groups mixed %.2f all-correct %.2f all-wrong %.2f "
             "loss %s %.1fs, ETA %s",
@@ -233,6 +203,7 @@ async def book_step[S: TrainState](
     step: int,
     pending: PendingBatch,
     groups: Sequence[art.TrajectoryGroup],
+    ledger: Ledger[S],
 ) -> S:
     """Book a step whose checkpoint landed: ART's log of its batch (once: `log_once`), its
     metrics line (once), its trajectories, then the state without the pending batch. Each
@@ -241,33 +212,28 @@ async def book_step[S: TrainState](
     await ctx.files.log_once(
         ctx.model, f"train/{step}", list(groups), metrics=train_metrics, step=step, split="train"
     )
-    return record_step(ctx, state, step, pending.stats, train_metrics, pending.seconds)
+    return record_step(ctx, state, step, pending, ledger)
 
 
 def record_step[S: TrainState](
-    ctx: RunContext,
-    state: S,
-    step: int,
-    stats: dict[str, float],
-    train_metrics: dict[str, float],
-    seconds: float,
+    ctx: RunContext, state: S, step: int, pending: PendingBatch, ledger: Ledger[S]
 ) -> S:
-    """Book a finished step in the run folder: its metrics line (once), its trajectories, then
+    """Book a finished step in the run folder: its trajectories, its metrics line (once), then
     the state without the pending batch. The order makes a repeat after a kill a no-op."""
-    ctx.files.append_event(  # once: a step booked before a kill is not booked again
-        TrainEvent.model_validate(  # the batch's stats and `train/*` are open-ended: a dict
-            {
-                "step": step,
-                **stats,
-                **{f"train/{k}": v for k, v in train_metrics.items()},
-                "seconds": seconds,
-                **clocks(ctx),
-            }
-        )
+    stats, seconds = pending.stats, pending.seconds
+    train_metrics = pending.train_metrics or {}
+    event = TrainEvent.model_validate(  # the batch's stats and `train/*` are open-ended: a dict
+        {
+            "step": step,
+            **stats,
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+            "seconds": seconds,
+            **clocks(ctx),
+        }
     )
-    pending = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
-    if pending.exists():
-        pending.replace(pending.with_name(f"train_{step:04d}.jsonl"))
+    saved = ctx.files.root / "trajectories" / f"{PENDING}.jsonl"
+    if saved.exists():
+        saved.replace(saved.with_name(f"train_{step:04d}.jsonl"))
     state = state.model_copy(
         update={
             "pending": None,
@@ -279,12 +245,11 @@ def record_step[S: TrainState](
             "train_rewards": {**state.train_rewards, str(step): stats.get("reward_mean", 0.0)},
         }
     )
-    ctx.files.write_state(STATE, state)
-    return state
+    return ledger.book(state, event)  # once: a step booked before a kill is not booked again
 
 
 async def recover_pending[S: TrainState](
-    ctx: RunContext, state: S, pending: PendingBatch, step: int
+    ctx: RunContext, state: S, pending: PendingBatch, step: int, ledger: Ledger[S]
 ) -> S:
     """A kill came while a batch was being trained or booked. If its checkpoint landed, book
     the step from the saved batch (with the backend's metrics if they were saved; if the kill
@@ -308,7 +273,7 @@ async def recover_pending[S: TrainState](
         )
     else:
         log.info("resuming: booking step %d, which had trained before the kill", step)
-    return await book_step(ctx, state, step, pending, groups)
+    return await book_step(ctx, state, step, pending, groups, ledger)
 
 
 def eta(step_seconds: Sequence[float], remaining: int) -> str:
@@ -326,10 +291,12 @@ def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
     evals = {int(s): a for s, a in state.evals.items()}
     rewards = {int(s): r for s, r in state.train_rewards.items()}
     found = [
-        reward_hacking(evals, rewards, min_rise=cfg.alarm_reward_rise, min_drop=cfg.alarm_val_drop)
+        reward_hacking(
+            evals, rewards, min_rise=cfg.rl.alarm_reward_rise, min_drop=cfg.rl.alarm_val_drop
+        )
     ]
-    if cfg.patience is not None and len(cfg.plan) == 1:  # an rl phase alone (mode=rl)
-        found.append(plateaued(evals, cfg.patience, cfg.min_delta))
+    if cfg.rl.patience is not None and len(cfg.plan) == 1:  # an rl phase alone (mode=rl)
+        found.append(plateaued(evals, cfg.rl.patience, cfg.rl.min_delta))
     for alarm in (a for a in found if a is not None):
         if alarm.kind == "early_stop":
             log.warning("step %d: %s", step, alarm.message)
@@ -342,7 +309,7 @@ def raise_alarms[S: TrainState](ctx: RunContext, state: S, step: int) -> S:
     return state
 
 
-def spend(state: TrainState) -> dict[str, Any]:
+def spend(state: TrainState) -> Summary:
     """What the training so far cost, for summary.json; steps whose training metrics a kill
     lost are named, since `training_tokens` cannot count them."""
     seconds = state.step_seconds
@@ -354,36 +321,62 @@ def spend(state: TrainState) -> dict[str, Any]:
     }
 
 
-async def run_rl(ctx: RunContext, *, steps: int) -> dict[str, Any]:
-    """An rl phase alone (`mode=rl`: `steps` is `n_batches`), evaluated every `eval_every`."""
-    cfg = ctx.config
-    state = ctx.files.read_state(STATE, TrainState, "an RL run's") or TrainState()
-    step = await ctx.model.get_step()
-    if step > steps:
-        raise RuntimeError(f"{ctx.files.root} is at step {step}, past the phase's {steps} steps")
-    if step:
-        log.info("resuming at step %d of %d", step, steps)
-    state = await train_until(
-        ctx,
-        state,
-        until=steps,
-        system_prompt=cfg.system_prompt,
-        eval_at=lambda s: eval_due(s, steps, cfg.eval_every),
-    )
-    evals = state.evals
-    step = await ctx.model.get_step()
-    summary: dict[str, Any] = {
-        "val_accuracy_before": evals.get("0"),
-        "val_accuracy_after": evals.get(str(step)),
-        "steps": step,
-        **spend(state),
-        "alarms": state.alarms,
-    }
-    if state.early_stop:
-        summary["early_stop"] = state.early_stop
-    if cfg.eval_test and ctx.scenario.splits["test"]:
-        summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
-    return summary
+class RLPhase:
+    """The rl phase: `entry.count` RL steps from the step it began at, under the run's `s`;
+    alone (`mode=rl`: `rl:<n_batches>`) evaluated every `eval_every` steps."""
+
+    kind: ClassVar[PhaseKind] = "rl"
+    journaled: ClassVar[bool] = False
+    state_model = TrainState
+    what = "an RL run's"
+
+    async def fresh(self, run: PhaseRun[TrainState]) -> TrainState:
+        return TrainState()
+
+    def part(self, state: RunState) -> TrainState:
+        return state.rl
+
+    async def run(self, run: PhaseRun[TrainState], state: TrainState) -> TrainState:
+        ctx, every = run.ctx, run.ctx.config.rl.eval_every
+        until = run.start_step + run.entry.count
+        if run.alone:
+            step = await ctx.model.get_step()
+            if step > until:
+                raise RuntimeError(
+                    f"{ctx.files.root} is at step {step}, past the phase's {until} steps"
+                )
+            if step:
+                log.info("resuming at step %d of %d", step, until)
+        return await train_until(
+            ctx,
+            state,
+            until=until,
+            system_prompt=run.prompt,
+            eval_at=(lambda s: eval_due(s, until, every)) if run.alone else (lambda _: False),
+            ledger=run.ledger,
+        )
+
+    def settled(self, state: TrainState) -> TrainState:
+        return state.model_copy(update={"pending": None})
+
+    def measured(self, state: TrainState) -> float | None:
+        return None
+
+    async def summary(self, run: PhaseRun[TrainState], state: TrainState) -> Summary:
+        ctx, evals = run.ctx, state.evals
+        step = await ctx.model.get_step()
+        summary: Summary = {
+            "val_accuracy_before": evals.get("0"),
+            "val_accuracy_after": evals.get(str(step)),
+            "steps": step,
+            **spend(state),
+            "alarms": state.alarms,
+        }
+        if state.early_stop:
+            summary["early_stop"] = state.early_stop
+        if ctx.config.eval_test and ctx.scenario.splits["test"]:
+            summary["test_accuracy_after"] = (await run_eval(ctx, step, split="test")).accuracy
+        return summary
 
 
 def trained_tokens(metrics: dict[str, float]) -> int:

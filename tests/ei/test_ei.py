@@ -50,7 +50,7 @@ from art_rlvr.ei.relabel import (
 from art_rlvr.ei.stages import Hinted, relabel_hinted
 from art_rlvr.llm.client import LLMCounters, LLMError
 from art_rlvr.loops.context import RunContext
-from art_rlvr.loops.ei import run_ei
+from art_rlvr.loops.runner import run_ei
 from art_rlvr.rollouts.loop import run_episode
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles

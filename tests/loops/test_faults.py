@@ -22,7 +22,7 @@ from art_rlvr.gepa.adapter import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState
 from art_rlvr.loops.runner import run_phases
-from art_rlvr.loops.schedule import ScheduleState
+from art_rlvr.loops.state import ScheduleState
 from art_rlvr.rollouts.rollout import gather_groups, rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed

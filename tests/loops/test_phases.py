@@ -14,7 +14,7 @@ from art_rlvr.config.reference import PRESETS
 from art_rlvr.config.run_config import ConfigError, parse_args
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import parse_phases, spell
-from art_rlvr.loops.schedule import resumed_state
+from art_rlvr.loops.runner import resumed_state
 from art_rlvr.run import override_line, start_line, summary_lines
 from art_rlvr.rundir.events import RunSummary
 from art_rlvr.rundir.files import RunFiles, StateFileError
@@ -130,6 +130,32 @@ def test_a_resume_with_another_list_of_phases_is_refused(tmp_path: Path) -> None
     del old["plan"]
     (tmp_path / "state.json").write_text(json.dumps(old))
     assert resumed_state(ctx, other).plan == "rl:2,ei"
+
+
+def test_a_lists_state_from_an_older_version_is_read_into_its_sections(tmp_path: Path) -> None:
+    """A `ScheduleState` (one flat model for every kind of phase) written by an older art_rlvr
+    in the middle of an RL phase resumes as today's `RunState`: the same place, prompt,
+    frontier, counts and the step the RL phase began at."""
+    cfg = parse_args(["phases=gepa,rl:4,ei", f"run_dir={tmp_path}"])
+    files = RunFiles(tmp_path)
+    ctx = RunContext(cfg, load_scenario("arith", seed=0), None, None, files, 0.0)  # type: ignore[arg-type]
+    change = {"round": 0, "phase": 0, "step": 0, "old": "A", "new": "B", "old_pareto_mean": 0.2,
+              "new_pareto_mean": 0.6, "origin": "reflection", "old_val_accuracy": None,
+              "new_val_accuracy": 0.5}  # fmt: skip
+    old = {"phase": 1, "prompt": "B", "plan": "gepa,rl:4,ei", "evals": {"start": 0.1},
+           "curve": [{"after": "start", "step": 0, "val": 0.1}], "frontier": ["Be brief."],
+           "prompt_changes": [change], "phase_target": 6, "ei_totals": {"recovered": 2},
+           "gepa_metric_calls": 16, "reflection_calls": 2, "rollouts": 12,
+           "step_seconds": [3.0], "tokens_trained": 40}  # fmt: skip
+    (tmp_path / "state.json").write_text(json.dumps(old))
+    state = resumed_state(ctx, cfg.plan)
+    assert (state.phase, state.start_step, state.prompt, state.start_prompt) == (1, 2, "B", "A")
+    assert state.evals == {"start": 0.1} and [p.after for p in state.curve] == ["start"]
+    assert state.gepa.frontier == ["Be brief."] and state.gepa.metric_calls == 16
+    assert state.rl.rollouts == 12 and state.rl.tokens_trained == 40 and state.rl.evals == {}
+    assert state.ei is not None and state.ei.totals == {"recovered": 2.0}
+    files.write_state("state.json", state)  # written back in today's layout, read back equal
+    assert resumed_state(ctx, cfg.plan) == state
 
 
 @pytest.mark.parametrize(

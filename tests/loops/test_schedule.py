@@ -20,7 +20,6 @@ from art_rlvr.core.text import prompt_hash
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.plan import plan
 from art_rlvr.loops.runner import run_phases
-from art_rlvr.loops.schedule import run_schedule
 from art_rlvr.rundir.files import RunFiles
 from art_rlvr.rundir.stored import read_trajectories
 from art_rlvr.testing import ScriptedServer, Step
@@ -98,7 +97,7 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
         model = await make_model("sched")
         files = RunFiles(tmp_path)
         ctx = RunContext(cfg, scenario, backend, model, files, time.monotonic())
-        summary = await run_schedule(ctx, cfg.plan)
+        summary = await run_phases(ctx)
     assert summary["phases"] == ["rl_r0", "gepa_r1", "rl_r1"]
     assert [c["after"] for c in summary["curve"]] == ["start", "rl_r0", "gepa_r1", "rl_r1"]
     assert summary["steps"] == 2 and summary["prompt_changes"] == 1
@@ -110,13 +109,13 @@ async def test_gepa_rl_runs_phases_in_order_and_rl_uses_the_chosen_prompt(
     first_gepa = kinds.index("gepa")
     assert kinds.index("train") < first_gepa < kinds.index("prompt_change")
     assert kinds[kinds.index("prompt_change") :].count("train") == 1
-    (change,) = json.loads((tmp_path / "state.json").read_text())["prompt_changes"]
+    (change,) = json.loads((tmp_path / "state.json").read_text())["gepa"]["prompt_changes"]
     assert change["old"] == SEED and change["new"] == GOOD
     assert change["round"] == 1 and change["step"] == 1
     assert {"old_pareto_mean", "new_pareto_mean"} <= set(change)
     assert (tmp_path / "gepa" / "round_1" / "prompt_history.jsonl").exists()
     # a finished schedule re-run is a no-op that returns the same numbers
-    again = await run_schedule(ctx, cfg.plan)
+    again = await run_phases(ctx)
     assert again["curve"] == summary["curve"] and await model.get_step() == 2
 
 
@@ -204,7 +203,7 @@ def ei_inside_second_round(run_dir: Path) -> bool:
         data = json.loads(state.read_text()) if state.exists() else {}
     except json.JSONDecodeError:
         return False
-    return data.get("phase") == 1 and data.get("phase_done") == 1
+    return data.get("phase") == 1 and (data.get("ei") or {}).get("rounds_done") == 1
 
 
 @pytest.mark.slow
@@ -244,7 +243,11 @@ def kill_when(run_dir: Path, point: str) -> bool:
     if point == "rl":
         return any(r["event"] == "train" for r in rows)
     state = run_dir / "state.json"
-    return state.exists() and '"ei_buffer": {' in state.read_text()
+    try:
+        data = json.loads(state.read_text()) if state.exists() else {}
+    except json.JSONDecodeError:
+        return False
+    return (data.get("ei") or {}).get("pending") is not None
 
 
 @pytest.mark.slow
@@ -275,7 +278,7 @@ def test_sigkill_during_each_phase_resumes_to_the_uninterrupted_result(
             summary["steps"],
             summary["final_prompt"],
             summary["curve"],
-            state["frontier"],
+            state["gepa"]["frontier"],
             summary["metric_calls_used"],
         )
     assert results["killed"] == results["reference"]

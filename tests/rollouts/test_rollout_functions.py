@@ -720,7 +720,7 @@ async def test_expert_iteration_runs_a_rollout_function_and_distils_no_hint(
     from art_rlvr.ei.data import RoundBuffer
     from art_rlvr.ei.expert import sft_trajectories
     from art_rlvr.loops.context import RunContext
-    from art_rlvr.loops.ei import run_ei
+    from art_rlvr.loops.runner import run_ei
     from art_rlvr.rundir.files import RunFiles
 
     task = load_scenario(str(scenario_file(tmp_path, case("answer"), timeout_s=300)))
