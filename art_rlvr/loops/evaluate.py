@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from art_rlvr.config.keys import ConfigError
 from art_rlvr.eval.policy import LiteLLMPolicy
@@ -71,7 +71,9 @@ async def sampled_eval(
             f"{folder} already holds an evaluation; pass resume=true or a new run_name"
         )
     result = await evaluate_resumable(
-        model,
+        # a LiteLLMPolicy has the surface a rollout uses: name, openai_client().chat.completions
+        # .create and get_inference_name
+        cast("art.Model", model),
         examples,
         folder=folder,
         plan=plan,
@@ -82,7 +84,8 @@ async def sampled_eval(
         spent=lambda: policy_spent(model),
         about={"model": model_about(cfg, model, step), "versions": versions()},
     )
-    report, cost = result.report, result.metadata["cost_usd"]
+    report, spent_usd = result.report, result.metadata.get("cost_usd")
+    cost = float(spent_usd) if isinstance(spent_usd, int | float) else None
     event = eval_event(
         report,
         step,

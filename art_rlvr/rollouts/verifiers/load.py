@@ -341,12 +341,12 @@ def load_file(path: Path, text: str, overrides: dict[str, object]) -> Scenario:
 
 
 def load_any(
-    text: str, *, seed: int = 0, overrides: dict[str, object] | None = None
+    text: str, *, seed: int = 0, overrides: Mapping[str, object] | None = None
 ) -> Scenario | Mixture:
     """What `scenario=` names: `verifiers:<taskset>` (`source.<key>=` overrides become the
     taskset's config), a scenario file with a `[verifiers]` table, or any other scenario or
     mixture (`art_rlvr.scenarios.mixture.load_scenarios`)."""
-    overrides = overrides or {}
+    overrides = dict(overrides or {})
     if text.startswith(PREFIX):
         ident = text.removeprefix(PREFIX).strip()
         if not ident:
