@@ -91,13 +91,22 @@ def differences(reference: dict[str, Any], resumed: dict[str, Any]) -> list[str]
     )  # fmt: skip
 
 
+# what the state and the summary count from training metrics, and the steps booked without
+# them (named in both, by design: `recovered_steps`)
+RECOVERED_COUNTS = {"tokens_trained", "training_tokens", "recovered_steps"}
+
+
 def without_recovered_metrics(files: dict[str, Any]) -> dict[str, Any]:
     """A run's files with the training metrics a recovered step cannot have: `train/*` on
-    train events, ART's train history rows reduced to their step."""
+    train events, ART's train history rows reduced to their step, the token counts of the
+    state and the summary (and the steps they name as recovered)."""
     out = dict(files)
     out["metrics.jsonl"] = [
         {k: v for k, v in row.items() if not RECOVERED.match(k)} for row in files["metrics.jsonl"]
     ]
+    for name in ("state.json", "summary.json"):
+        if isinstance(files.get(name), dict):
+            out[name] = {k: v for k, v in files[name].items() if k not in RECOVERED_COUNTS}
     for name, rows in files.items():
         if name.endswith("history.jsonl"):
             out[name] = [row for row in rows if not any(k.startswith("train/") for k in row)]
