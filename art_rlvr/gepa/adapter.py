@@ -30,14 +30,10 @@ from art_rlvr.core.outcome import completion_text, episode_items, is_sampled, ou
 from art_rlvr.core.text import prompt_hash
 from art_rlvr.gepa.data import ExampleEval, RolloutTrace
 from art_rlvr.gepa.reflection import reflective_records
-from art_rlvr.gepa.store import BudgetExceeded, EvalStore, Journal
+from art_rlvr.gepa.store import EvalStore
 from art_rlvr.rollouts.rollout import gather_groups
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.scenarios.scenario import Example
-
-# the store's names, still importable from here (tests/backend/test_backends.py,
-# tests/loops/test_faults.py)
-__all__ = ["ARTPromptAdapter", "BudgetExceeded", "EvalStore", "Journal", "example_eval"]
 
 COMPONENT = "system_prompt"
 

@@ -18,7 +18,7 @@ import pytest
 from art_rlvr.config.run_config import parse_args
 from art_rlvr.core.outcome import feedback_of
 from art_rlvr.eval.evaluate import evaluate
-from art_rlvr.gepa.adapter import Journal
+from art_rlvr.gepa.store import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState
 from art_rlvr.loops.runner import run_phases
