@@ -104,7 +104,9 @@ async def agents_sdk_rollout(
         tools=[times],
         output_type=Product,
         model=OpenAIChatCompletionsModel(model=model.get_inference_name(), openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", max_tokens=40, **settings),
+        model_settings=ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, max_tokens=64, **settings
+        ),
     )
     trajectory = art.Trajectory(reward=0.0)
     with trajectory:  # ART records every request to the model as the trajectory's `exchanges`
@@ -175,7 +177,7 @@ async def test_langgraph_agent_trains_on_exactly_the_served_ids(backend, make_mo
     model = await make_model("lg")
     tap = Tap()
     chat = {
-        "max_tokens": 40,  # a whole call is ~30 tokens
+        "max_tokens": 64,  # a whole call is 36-40 tokens
         "http_async_client": tap.client(),
         "extra_body": {"return_token_ids": True},  # for the tap; LangChain drops them
     }
