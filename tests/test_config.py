@@ -50,6 +50,32 @@ def test_gepa_keys_go_to_the_gepa_config_and_run_keys_are_handed_down() -> None:
 
 
 @pytest.mark.parametrize(
+    ("words", "gepa", "ei"),
+    [
+        ({}, (0, 2, 32), (0, 6, 32)),  # each phase's own defaults
+        ({"seed": 3, "group_size": 4}, (3, 4, 32), (3, 4, 32)),
+        ({"seed": 3, "max_tokens": 12, "gepa.seed": 9}, (9, 2, 12), (3, 6, 12)),
+        ({"group_size": 4, "ei.group_size": 8, "gepa.group_size": 3}, (0, 3, 32), (0, 8, 32)),
+    ],
+)
+def test_run_keys_reach_the_phase_sections_from_python_as_from_the_cli(words, gepa, ei) -> None:
+    """A run key a phase also has sets it there unless the phase's own key does: the same
+    config from `key=value` words and from `RunConfig(...)` in a notebook."""
+    argv = ["mode=gepa_rl_ei", *(f"{k}={v}" for k, v in words.items())]
+    python: dict[str, object] = {"mode": "gepa_rl_ei"}
+    for key, value in words.items():
+        section, dot, field = key.partition(".")
+        if dot:
+            python.setdefault(section, {})[field] = value  # type: ignore[index]
+        else:
+            python[key] = value
+    for cfg in (parse_args(argv), RunConfig.model_validate(python)):
+        assert (cfg.gepa.seed, cfg.gepa.group_size, cfg.gepa.max_tokens) == gepa
+        assert (cfg.ei.seed, cfg.ei.group_size, cfg.ei.max_tokens) == ei
+    assert parse_args(argv).public_dump() == RunConfig.model_validate(python).public_dump()
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["nbatches=3"], "unknown key 'nbatches' (did you mean 'n_batches'?)"),

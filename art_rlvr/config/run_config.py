@@ -213,6 +213,31 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _phase_sections(cls, data: object) -> object:
+        """A run key that a phase's section also has (seed, group_size, max_tokens,
+        temperature, top_p; EI's rounds), given, sets it there too unless the section sets
+        its own: one `seed=` seeds every phase, from the command line and from Python alike.
+        Resolved once, here; a phase reads only its section."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, model in SUBCONFIGS.items():
+            run_keys = {
+                k: data[k] for k in model.model_fields if k in data and k in cls.model_fields
+            }
+            if not run_keys:
+                continue
+            given = data.get(name)
+            section = (
+                given.model_dump(exclude_unset=True)
+                if isinstance(given, BaseModel)
+                else dict(given or {})
+            )
+            out[name] = {**run_keys, **section}
+        return out
+
+    @model_validator(mode="before")
+    @classmethod
     def _phases_mode(cls, data: object) -> object:
         """`phases=` is its own mode: a list given with another mode is refused, not merged."""
         if not isinstance(data, dict):
@@ -404,7 +429,7 @@ class RunConfig(BaseModel):
 
 # Sub-configs: each has its own keys on the command line (e.g. max_metric_calls=200 goes to
 # `gepa`); a key that several sub-configs know goes to each of them. Run keys that a sub-config
-# also has (seed, max_tokens, ...) are handed down, so one `seed=` seeds everything.
+# also has (seed, max_tokens, ...) reach it when given (`RunConfig._phase_sections`).
 SUBCONFIGS: dict[str, type[BaseModel]] = {"gepa": GEPAConfig, "ei": EIConfig}
 _INTERNAL = {"source_overrides", "policy", "rl", *SUBCONFIGS}
 
@@ -439,10 +464,9 @@ def _bare_word_hint(word: str) -> str:
 
 
 def parse_args(argv: list[str]) -> RunConfig:
-    """`key=value` words -> RunConfig, or a ConfigError with one clear line.
-
-    Run keys that a sub-config also has (seed, group_size, max_tokens, ...) are handed down when
-    given, so one `seed=` seeds everything; a sub-config keeps its own default otherwise."""
+    """`key=value` words -> RunConfig, or a ConfigError with one clear line. A key only a
+    phase has goes to its section (`max_metric_calls=` to `gepa`); run keys that a section
+    also has reach it through `RunConfig` itself (`_phase_sections`)."""
     fields = {k: v for k, v in RunConfig.model_fields.items() if k not in _INTERNAL}
     owners = _subconfig_keys()
     values: dict[str, object] = {}
@@ -502,20 +526,16 @@ def parse_args(argv: list[str]) -> RunConfig:
         values["rl"] = RLConfig.model_validate(rl)
     except ValidationError as error:
         raise first_error(error, rl) from None
+    for name, model in SUBCONFIGS.items():  # first, so an error names the section's own key
+        if sub[name]:
+            try:
+                values[name] = model.model_validate(sub[name])
+            except ValidationError as error:
+                raise first_error(error, sub[name]) from None
     try:
-        config = RunConfig.model_validate(values)
+        return RunConfig.model_validate(values)
     except ValidationError as error:
         raise first_error(error, values) from None
-    built: dict[str, BaseModel] = {}
-    for name, model in SUBCONFIGS.items():
-        shared = {
-            k: getattr(config, k) for k in model.model_fields if k in values and k not in sub[name]
-        }
-        try:
-            built[name] = model.model_validate({**sub[name], **shared})
-        except ValidationError as error:
-            raise first_error(error, sub[name]) from None
-    return config.model_copy(update=built)
 
 
 _NULLABLE = {
