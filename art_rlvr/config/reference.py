@@ -72,8 +72,9 @@ def reference_markdown() -> str:
     notes = (
         "Keys of the run that GEPA and expert iteration also have (`seed`, `group_size`, "
         "`max_tokens`, `temperature`, `top_p`, `rounds`) are handed down when given (from the "
-        "command line and from `RunConfig(...)` alike); where a phase keeps its own default (GEPA's `group_size`), the run's start line and "
-        "config.json's `phase_overrides` show it. "
+        "command line and from `RunConfig(...)` alike); where a phase keeps its own default "
+        "(GEPA's `group_size`), the run's start line and config.json's `phase_overrides` show "
+        "it. "
         f"`teacher.max_tokens` defaults to {TEACHER_DEFAULTS['max_tokens']}. Keys renamed in "
         f"0.1 ({', '.join(sorted(RENAMED))}, `reflection_<key>`, `teacher_<key>`) are refused "
         "with their new name."
