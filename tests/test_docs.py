@@ -325,6 +325,7 @@ STALE = [
     (r"future work", "say what is not done in docs/status.md, plainly"),
     (r"has no script|\bno script\b", "the report has the browser's inline script"),
     (r"\b(three|3) notebooks|all three headlessly", "there are four notebooks"),
+    (r"resume their own way", "GEPA and the eval journal resume through rundir/journal.py"),
 ]
 
 

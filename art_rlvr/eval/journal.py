@@ -8,9 +8,12 @@ An evaluation lives in `evals/<split>_<step>/` of the run folder:
   finished, the results: pass@k, pass^k, mean reward and metrics, tokens, wall time over every
   session, cost where the provider reports one, package versions.
 - `rollouts.jsonl`: one line per finished rollout (item id, sample index, seed, the whole
-  trajectory as `rundir.stored` keeps it, the session and what it had spent so far), appended
-  and fsynced. A reused rollout is the very trajectory, token data included; a journal of the
-  layout before (a readable `row` per rollout) still resumes.
+  trajectory as `rundir.stored` keeps it, the session and what it had spent so far), written
+  through the one write-ahead journal of paid evaluations (`rundir.journal`, GEPA's too):
+  appended and fsynced per rollout; a kill's torn last line is dropped, any other bad line
+  stops the resume naming its line (a skip would pay for that rollout again). A reused rollout
+  is the very trajectory, token data included; a journal of the layout before (a readable
+  `row` per rollout) still resumes.
 
 Run the same command again after a kill and only the missing (item, sample) pairs are rolled
 out; a journal left by other settings is refused, never mixed in. A rollout that raised is not
@@ -45,13 +48,8 @@ from art_rlvr.rollouts.functions import RolloutFunctionError, rollout_failure
 from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig, rollout_seed
 from art_rlvr.rundir.events import RolloutsFailed
-from art_rlvr.rundir.files import (
-    StateFileError,
-    append_jsonl,
-    drop_torn_tail,
-    read_jsonl,
-    write_json_atomic,
-)
+from art_rlvr.rundir.files import StateFileError, write_json_atomic
+from art_rlvr.rundir.journal import Journal
 from art_rlvr.rundir.stored import StoredTrajectory, legacy_trajectory, stored_trajectory
 from art_rlvr.scenarios.scenario import Example
 
@@ -146,13 +144,12 @@ def file_digests(paths: Sequence[Path]) -> dict[str, str]:
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
-def read_journal(path: Path, plan: EvalPlan, wanted: set[tuple[str, int]]) -> list[JournalRow]:
-    """The journal's rows for this plan, each (item, sample) once; a torn last line (a kill
-    mid-write) is cut off first."""
-    drop_torn_tail(path)
+def read_journal(journal: Journal, wanted: set[tuple[str, int]]) -> list[JournalRow]:
+    """The journal's rows of the wanted (item, sample) pairs, each once (the first booked).
+    A torn last line (a kill mid-write) is cut off; any other bad line stops the resume with
+    its file and line (`rundir.journal`): skipping it would pay for that rollout again."""
     rows: dict[tuple[str, int], JournalRow] = {}
-    for raw in read_jsonl(path):
-        row = JournalRow.model_validate(raw)
+    for row in journal.read(JournalRow.model_validate):
         if row.key in wanted:
             rows.setdefault(row.key, row)
     return list(rows.values())
@@ -267,10 +264,10 @@ async def evaluate_resumable(
     started = time.monotonic()
     folder.mkdir(parents=True, exist_ok=True)
     meta = open_plan(folder, plan)
-    journal = folder / "rollouts.jsonl"
+    journal = Journal(folder / "rollouts.jsonl")
     n = plan.samples
     wanted = {(s.id, i) for s in examples for i in range(n)}
-    earlier = read_journal(journal, plan, wanted)
+    earlier = read_journal(journal, wanted)
     done = {r.key for r in earlier}
     session = max((r.session for r in earlier), default=0) + 1
     limiter = asyncio.Semaphore(max_in_flight) if max_in_flight else None
@@ -299,7 +296,7 @@ async def evaluate_resumable(
             spent=spent(),
             trajectory=stored_trajectory(trajectory),
         )
-        append_jsonl(journal, row.model_dump(mode="json"))  # no await: a cancel cannot tear it
+        journal.append(row.model_dump(mode="json"))  # no await: a cancel cannot tear it
         fresh.append((row, trajectory))
         return trajectory
 

@@ -13,7 +13,6 @@ _EXPORTS = {
     "ARTPromptAdapter": "art_rlvr.gepa.adapter",
     "BudgetExceeded": "art_rlvr.gepa.store",
     "EvalStore": "art_rlvr.gepa.store",
-    "Journal": "art_rlvr.gepa.store",
     "GEPAConfig": "art_rlvr.gepa.config",
     "GEPAResult": "art_rlvr.gepa.result",
     "optimize_prompt": "art_rlvr.gepa.optimizer",

@@ -141,7 +141,7 @@ async def run_optimizer(
     starts = list(dict.fromkeys([seed_prompt, *carry]))
     fp = fingerprint(cfg, scenario, "\n---\n".join(starts), [example.id for example in pareto])
     state = open_state(files, cfg, fp)
-    replies, counters = journaled_replies(files.journal.load())
+    replies, counters = journaled_replies(files.journal)
     store = EvalStore(cfg.max_metric_calls, files.journal)
     client, reflector = make_reflector(model, cfg, counters)
     adapter = ARTPromptAdapter(

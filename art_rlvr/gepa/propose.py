@@ -8,7 +8,7 @@ once per run by the optimizer and passed explicitly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
@@ -18,8 +18,9 @@ from art_rlvr.gepa.adapter import ARTPromptAdapter
 from art_rlvr.gepa.config import GEPAConfig
 from art_rlvr.gepa.data import Candidate, GEPAState, HistoryEvent, Rejection
 from art_rlvr.gepa.reflection import check_proposal, normalize
-from art_rlvr.gepa.store import EvalStore, Journal
+from art_rlvr.gepa.store import EvalStore
 from art_rlvr.llm.client import ErrorKind, LLMClient, LLMCounters, LLMError, LLMReply
+from art_rlvr.rundir.journal import Journal
 from art_rlvr.scenarios.scenario import Example
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,14 @@ class JournaledReply(BaseModel):
     counters: dict[str, object] = Field(default_factory=dict)
 
 
-def journaled_replies(
-    records: Sequence[Mapping[str, object]],
-) -> tuple[dict[str, JournaledReply], LLMCounters]:
+def journaled_reply(record: dict[str, object]) -> JournaledReply | None:
+    """A `reflection` record (None: another type of record, an evaluation)."""
+    return JournaledReply.model_validate(record) if record.get("type") == "reflection" else None
+
+
+def journaled_replies(journal: Journal) -> tuple[dict[str, JournaledReply], LLMCounters]:
     """The reflection replies of a journal by key, and the client's counters as of the last."""
-    asked = [JournaledReply.model_validate(r) for r in records if r.get("type") == "reflection"]
+    asked = [r for r in journal.read(journaled_reply) if r is not None]
     replies = {r.key: r for r in asked}
     return replies, LLMCounters.restore(asked[-1].counters) if asked else LLMCounters()
 

@@ -1,10 +1,11 @@
-"""What a GEPA run keeps on disk: the write-ahead journal, the evaluation store and meter, and
-the folder of decisions (gepa's `GEPAState` persistence, made crash-safe).
+"""What a GEPA run keeps on disk: its journal, the evaluation store and meter, and the folder
+of decisions (gepa's `GEPAState` persistence, made crash-safe).
 
-Evaluations and reflection replies are journaled as they happen (fsynced per record); the
-decisions (`state.json`, `prompt_history.jsonl`, `frontier.json`) are replaced atomically at
-iteration boundaries; `result.json` is written once at the end. A killed run replays its
-unfinished iteration from the journal without paying twice.
+Evaluations and reflection replies are paid work, so they go into `journal.jsonl` as they
+happen, through the one write-ahead journal of paid evaluations (`rundir.journal`, the eval
+journal's too); the decisions (`state.json`, `prompt_history.jsonl`, `frontier.json`) are a
+snapshot replaced atomically at iteration boundaries; `result.json` is written once at the end.
+A killed run replays its unfinished iteration from the journal without paying twice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pydantic import ValidationError
 from art_rlvr.core.text import prompt_hash
 from art_rlvr.gepa.data import ExampleEval, GEPAState
 from art_rlvr.gepa.pareto import frontier_indices
-from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
+from art_rlvr.rundir.files import RunFiles, StateFileError
+from art_rlvr.rundir.journal import Journal
 
 if TYPE_CHECKING:
     from art_rlvr.gepa.result import GEPAResult
@@ -31,37 +33,10 @@ class BudgetExceeded(RuntimeError):
     """An evaluation would take the run past max_metric_calls; it was not started."""
 
 
-class Journal:
-    """Append-only JSONL, fsynced per record: what a killed run had already paid for.
-    A torn last line (a kill mid-write) is dropped on load."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def append(self, record: Mapping[str, object]) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def load(self) -> list[dict[str, object]]:
-        """The records as they were appended (JSON objects, read by their `type`)."""
-        if self.path is None or not self.path.exists():
-            return []
-        drop_torn_tail(self.path)  # a write cut by a kill: that record never happened
-        out: list[dict[str, object]] = []
-        for number, line in enumerate(self.path.read_text().splitlines(), 1):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise StateFileError(
-                    f"{self.path}:{number} is corrupt (a kill can only cut the last line, which "
-                    "is dropped); move the file away to start over, or restore it"
-                ) from None
-        return out
+def journaled_eval(record: dict[str, object]) -> ExampleEval | None:
+    """An `eval` record's evaluation (None: another type of record, a reflection reply); one
+    of the wrong shape is refused at its line."""
+    return ExampleEval.model_validate(record.get("eval")) if record.get("type") == "eval" else None
 
 
 class EvalStore:
@@ -71,9 +46,8 @@ class EvalStore:
         self.max_metric_calls = max_metric_calls
         self.journal = journal
         self._cache: dict[tuple[str, str], ExampleEval] = {}
-        for record in journal.load():
-            if record.get("type") == "eval":
-                ev = ExampleEval.model_validate(record["eval"])
+        for ev in journal.read(journaled_eval):
+            if ev is not None:
                 self._cache[(ev.prompt_hash, ev.scenario_id)] = ev
         self.spent = sum(len(ev.rollouts) for ev in self._cache.values())
 

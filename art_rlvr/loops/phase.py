@@ -1,5 +1,5 @@
 """The `Phase` protocol: what every phase of a run (`rl`, `gepa`, `ei`, `eval`) is to the
-runner (`loops.runner`), and the `Ledger` through which every phase's resume is written.
+runner (`loops.runner`), and the `Ledger` through which a phase's state reaches the run folder.
 
 A phase is one driver: `run(run, state) -> state` with its own state model (`state_model`),
 its own settings (`RunConfig.rl` / `gepa` / `ei`), the same code whether it is the whole run
@@ -8,10 +8,20 @@ between the two is said once, in `PhaseRun.alone`: a phase alone evaluates itsel
 (`eval_every`, `eval_every_rounds`) and its summary is the run's; in a longer list the runner
 evaluates between phases (the curve) and sums the list up.
 
-Resume is the same three moves everywhere (`Ledger`): *stage* the work before it changes the
-model (the pending batch or EI buffer goes into the state), *commit* what the backend returned
-as soon as it returns, *book* the finished work once (its event, whose repeat `append_event`
-drops, then the state without the pending part). A kill anywhere is redone from the state.
+Resume says one thing, with one tool per kind of work:
+
+- work that changes the model (an RL step, an EI round) is a state snapshot through the
+  `Ledger`, in three moves: *stage* the work before it changes the model (the pending batch or
+  EI buffer goes into the state), *commit* what the backend returned as soon as it returns,
+  *book* the finished work once (its event, whose repeat `append_event` drops, then the state
+  without the pending part);
+- paid evaluations, which change nothing but cost calls (GEPA's evaluations and reflection
+  replies, the eval phase's rollouts), go into the one write-ahead journal
+  (`rundir.journal`), a record fsynced as each is paid for, read back instead of paid again.
+
+A kill anywhere is redone from the state and the journals. A journaled phase (`journaled`)
+keeps its place in its journal; its decisions are a snapshot of its own (GEPA's `state.json`
+in its folder), and in a list the runner keeps its totals in the list's state.
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ type Summary = dict[str, object]  # what a run's summary.json gets from its phas
 class Ledger[S: BaseModel]:
     """The one way a phase's state reaches the run folder. `save` writes the whole run's
     state with this phase's part replaced (atomically: readers see the old or the new file);
-    the three moves below are the order every resumable step keeps."""
+    the three moves below are the order every step that changes the model keeps. (Paid
+    evaluations are journaled instead, `rundir.journal`: a snapshot per rollout would rewrite
+    the whole state for each.)"""
 
     ctx: RunContext
     save: Callable[[S], None]

@@ -14,10 +14,12 @@ prompt *and the frontier it kept*, and re-scores all of them (within its budget)
 proposing. Every change of `s` is logged with old and new excerpts and the Pareto scores that
 justified it (`prompt_changes` in state.json and summary.json, `event: prompt_change` lines).
 
-Resume: every phase stages, commits and books its work through its `Ledger`, which writes the
-run's state atomically; GEPA searches journal themselves (`gepa/round_<r>/`), an eval phase in
-`evals/`. A killed run re-run with the same command continues where it stopped: no step lost or
-repeated, the same prompt and frontier. A resume with another list is refused.
+Resume (`loops.phase`): work that changes the model is staged, committed and booked through
+the phase's `Ledger`, which writes the run's state atomically; paid evaluations (a GEPA
+search's in `gepa/round_<r>/journal.jsonl`, an eval phase's in `evals/`) go into the one
+write-ahead journal (`rundir.journal`) as each is paid for. A killed run re-run with the same
+command continues where it stopped: no step lost or repeated, no evaluation paid twice, the same
+prompt and frontier. A resume with another list is refused.
 """
 
 from __future__ import annotations

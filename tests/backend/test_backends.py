@@ -34,11 +34,12 @@ from art_rlvr.ei.expert import collect_round, distill_round, score_reliance
 from art_rlvr.ei.hints import hinted_prompt
 from art_rlvr.ei.relabel import clean_messages
 from art_rlvr.gepa.adapter import ARTPromptAdapter
-from art_rlvr.gepa.store import EvalStore, Journal
+from art_rlvr.gepa.store import EvalStore
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState, train_until
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.files import RunFiles
+from art_rlvr.rundir.journal import Journal
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 KEYS = ("WANDB_API_KEY", "TINKER_API_KEY")

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import art
@@ -181,6 +182,41 @@ async def test_a_torn_last_line_is_dropped_and_nothing_runs_again(tmp_path: Path
     assert (folder / "rollouts.jsonl").read_text().endswith("\n")
     assert len(journal_keys(folder)) == N
     assert again.report.pass_at == first.report.pass_at and again.reused == N
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda line: line[: len(line) // 2], "not JSON"),  # cut short, then written past
+        (lambda line: line.replace('"sample"', '"samples"'), "sample: Field required"),
+    ],
+)
+async def test_a_bad_middle_line_stops_the_resume_and_its_rollout_is_not_lost_or_repaid(
+    tmp_path: Path, damage: Callable[[str], str], says: str
+) -> None:
+    """Not silently skipped (that rollout would be paid for again, unseen): the resume stops
+    at the line, pays for nothing, and leaves the file as found; with the line deleted, only
+    its rollout runs again."""
+    examples = val(1)
+    folder = tmp_path / "evals" / "val_0000"
+    with ScriptedServer(script([(0, j) for j in range(N)], examples)) as server:
+        first = await run(server, folder, examples)
+    path = folder / "rollouts.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lost = json.loads(lines[1])["sample"]
+    lines[1] = damage(lines[1].rstrip("\n")) + "\n"
+    path.write_text("".join(lines))
+    with ScriptedServer([]) as server:
+        with pytest.raises(StateFileError, match=rf"rollouts\.jsonl:2 is corrupt \({says}"):
+            await run(server, folder, examples)
+        assert server.chat_requests == []
+    assert path.read_text() == "".join(lines)
+    path.write_text("".join(lines[:1] + lines[2:]))  # what the message says to do
+    with ScriptedServer(script([(0, lost)], examples)) as server:
+        again = await run(server, folder, examples)
+        asked = [r.body["seed"] for r in server.chat_requests]
+    assert asked == [rollout_seed(SEED, examples[0].id, lost)]
+    assert again.reused == N - 1 and again.report.pass_at == first.report.pass_at
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,6 @@ from art_rlvr.gepa import (
     GEPAConfig,
     GEPAResult,
     GEPAState,
-    Journal,
     Rejection,
     optimize_prompt,
 )
@@ -50,6 +49,7 @@ from art_rlvr.gepa.reflection import (
 from art_rlvr.gepa.start import choose_seed_prompt, split_train
 from art_rlvr.rollouts.loop import run_episode
 from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.journal import Journal
 from art_rlvr.scenarios.scenario import batch_examples
 from art_rlvr.testing import ScriptedServer, Step
 

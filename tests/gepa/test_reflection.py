@@ -20,9 +20,10 @@ from art_rlvr.gepa import GEPAConfig, optimize_prompt
 from art_rlvr.gepa.adapter import ARTPromptAdapter, example_eval
 from art_rlvr.gepa.data import ExampleEval, RolloutTrace
 from art_rlvr.gepa.reflection import reflective_records
-from art_rlvr.gepa.store import EvalStore, Journal
+from art_rlvr.gepa.store import EvalStore
 from art_rlvr.rollouts.rollout import rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
+from art_rlvr.rundir.journal import Journal
 from art_rlvr.scenarios.scenario import load_scenario
 from art_rlvr.testing import ScriptedServer, Step
 

@@ -18,7 +18,6 @@ import pytest
 from art_rlvr.config.run_config import parse_args
 from art_rlvr.core.outcome import feedback_of
 from art_rlvr.eval.evaluate import evaluate
-from art_rlvr.gepa.store import Journal
 from art_rlvr.loops.context import RunContext
 from art_rlvr.loops.rl import TrainState
 from art_rlvr.loops.runner import run_phases
@@ -27,6 +26,7 @@ from art_rlvr.rollouts.rollout import gather_groups, rollout
 from art_rlvr.rollouts.sampling import SamplingConfig
 from art_rlvr.rundir.events import RolloutsFailed
 from art_rlvr.rundir.files import RunFiles, StateFileError, drop_torn_tail
+from art_rlvr.rundir.journal import Journal
 from art_rlvr.rundir.reader import read_run_folder
 from art_rlvr.scenarios.scenario import Example
 from art_rlvr.testing import ScriptedServer, Step
