@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from art_rlvr.backend import checkpoint_dir, list_steps
+from art_rlvr.core.art_layout import checkpoint_dir, list_steps
 from art_rlvr.core.text import first_line
 from art_rlvr.rundir.reader import RunFolder, RunFolderError, read_run_folder
 

@@ -32,18 +32,10 @@ os.environ.setdefault("WEAVE_DISABLED", "true")  # tracing is opt-in
 if TYPE_CHECKING:
     import art
 
-from art_rlvr.backend import (
-    BackendUnavailable,
-    ChatTemplateError,
-    base_model_problem,
-    build_backend,
-    check_backend,
-    model_config,
-    service_lost,
-    trainable_model,
-)
+from art_rlvr.backend import BackendChoice, BackendUnavailable
 from art_rlvr.config.reference import help_text
 from art_rlvr.config.run_config import MODE_TITLES, ConfigError, RunConfig, parse_args
+from art_rlvr.core.chat_template import ChatTemplateError
 from art_rlvr.core.text import first_line
 from art_rlvr.ei.config import start_problem as ei_problem
 from art_rlvr.eval.policy import PolicyError, read_key
@@ -100,6 +92,16 @@ def close_logging() -> None:
     logging.captureWarnings(False)
 
 
+def chosen_backend(cfg: RunConfig) -> BackendChoice:
+    """The run's `backend=` with what it needs to know of the model."""
+    return BackendChoice(
+        name=cfg.backend,
+        base_model=cfg.base_model,
+        chat_template=cfg.chat_template,
+        lora_rank=cfg.lora_rank,
+    )
+
+
 def prepare(cfg: RunConfig) -> tuple[Scenario | Mixture, RunFiles]:
     """Everything that can reject the run cheaply, before the heavy imports and before the run
     folder exists (a rejected run leaves nothing behind)."""
@@ -107,7 +109,7 @@ def prepare(cfg: RunConfig) -> tuple[Scenario | Mixture, RunFiles]:
     if problem := mode_problem(cfg, scenario):
         raise ConfigError(problem)
     if cfg.policy.model is None:
-        check_backend(cfg.backend, cfg.base_model, cfg.chat_template)  # before any folder
+        chosen_backend(cfg).check()  # before any folder
     else:
         read_key(cfg.policy)  # an external policy's key variable: before any folder or request
     if problem := machine_problem(cfg):
@@ -141,9 +143,8 @@ def machine_problem(cfg: RunConfig) -> str | None:
     """What this machine lacks for the run, asked before anything loads: a base model that
     cannot load here, the key of an external reflection LM or teacher (litellm says which key
     a provider needs; importing it takes ~4 s, only when such a model is set)."""
-    loads_here = cfg.policy.model is None and cfg.backend in ("torch", "local")
-    if loads_here and (problem := base_model_problem(cfg.base_model)):
-        return problem  # serverless and tinker load their base model remotely
+    if cfg.policy.model is None and (problem := chosen_backend(cfg).base_model_problem()):
+        return problem
     roles = [("reflection", cfg.gepa.reflection)] if cfg.with_gepa else []
     if cfg.with_expert_iteration and cfg.ei.enable_teacher_hints:
         roles.append(("teacher", cfg.ei.teacher))
@@ -198,20 +199,9 @@ async def execute(cfg: RunConfig, scenario: Scenario | Mixture, files: RunFiles)
                     system_prompt=cfg.system_prompt,
                 )
         else:
-            backend = build_backend(
-                cfg.backend,
-                path=files.art_path,
-                seed=cfg.seed,
-                lora_rank=cfg.lora_rank,
-                base_model=cfg.base_model,
-            )
-            model = trainable_model(
-                cfg.name,
-                cfg.project,
-                cfg.base_model,
-                cfg.chat_template,
-                model_config(cfg.backend, cfg.base_model, cfg.lora_rank),
-            )
+            choice = chosen_backend(cfg)
+            backend = choice.build(path=files.art_path, seed=cfg.seed)
+            model = choice.trainable_model(cfg.name, cfg.project)
             await register(model, backend, cfg)
             ctx = RunContext(cfg, scenario, backend, model, files, started, cpu_started)
             result = await watched(run_phases(ctx), cfg)
@@ -236,7 +226,7 @@ async def watched[T](work: Coroutine[Any, Any, T], cfg: RunConfig) -> T:
     if cfg.backend != "tinker" or not os.environ.get("TINKER_BASE_URL"):
         return await work
     main = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(service_lost(cfg.base_model))
+    watch = asyncio.ensure_future(chosen_backend(cfg).service_lost())
     try:
         await asyncio.wait({main, watch}, return_when=asyncio.FIRST_COMPLETED)
         if watch.done():  # the cause is known: the failing requests it leaves are not news

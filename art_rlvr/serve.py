@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("WEAVE_DISABLED", "true")  # `import art` may load weave
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from art_rlvr.backend import checkpoint_dir, new_api_key
+from art_rlvr.core.art_layout import checkpoint_dir
 from art_rlvr.core.text import first_line
 from art_rlvr.export import Checkpoint, ExportError, find_checkpoint
 
@@ -46,7 +46,7 @@ def stage(checkpoint: Checkpoint, art_path: Path) -> None:
 
 async def load(checkpoint: Checkpoint, art_path: Path) -> TorchBackend:
     """A TorchBackend holding the checkpoint, with the LoRA shape the checkpoint was saved in."""
-    from art_rlvr.backend import LoraSettings, TorchBackend, trainable_model
+    from art_rlvr.backend import BackendChoice, LoraSettings, TorchBackend
 
     adapter = checkpoint.adapter_config()
     modules = adapter["target_modules"]
@@ -57,9 +57,10 @@ async def load(checkpoint: Checkpoint, art_path: Path) -> TorchBackend:
         target_modules=(modules,) if isinstance(modules, str) else tuple(sorted(modules)),
     )
     backend = TorchBackend(path=art_path, lora=lora)
-    model = trainable_model(
-        checkpoint.name, checkpoint.project, checkpoint.base_model, checkpoint.chat_template
+    choice = BackendChoice(
+        name="torch", base_model=checkpoint.base_model, chat_template=checkpoint.chat_template
     )
+    model = choice.trainable_model(checkpoint.name, checkpoint.project)
     await backend.register(model)  # the backend's own server is not started: we bind ours
     return backend
 
@@ -112,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from art_rlvr.backend import serve_backend
+    from art_rlvr.backend import TorchBackend
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     key_from_env = bool(os.environ.get(KEY_ENV))
-    key = os.environ.get(KEY_ENV) or new_api_key()
+    key = os.environ.get(KEY_ENV) or TorchBackend.new_api_key()
     base_url = f"http://{HOST}:{sock.getsockname()[1]}/v1"
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops cleanly
     try:
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             print("\n".join(banner(checkpoint, base_url, key, key_from_env)), flush=True)
             # returns on Ctrl-C after a graceful shutdown of at most a few seconds
-            serve_backend(backend, key, sock)
+            backend.serve_on(sock, key)
     except KeyboardInterrupt:  # uvicorn re-raises the signal it handled; or one came while loading
         pass
     finally:

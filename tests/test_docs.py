@@ -348,7 +348,7 @@ def test_the_served_features_the_docs_name_exist() -> None:
     for field in ("stream", "tools", "tool_choice", "response_format"):
         assert field in ChatRequest.model_fields
         assert f"`{field}" in text, field
-    assert "serve_backend" in (ROOT / "art_rlvr" / "serve.py").read_text()
+    assert ".serve_on(" in (ROOT / "art_rlvr" / "serve.py").read_text()
 
 
 def cli_error_examples() -> list[tuple[str, list[str], str]]:

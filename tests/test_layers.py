@@ -107,6 +107,15 @@ def test_outside_the_backend_only_its_public_api_is_imported() -> None:
     assert not inward, "imports past art_rlvr.backend's public API:\n" + "\n".join(inward)
 
 
+def test_the_backends_public_api_is_small() -> None:
+    """The rest of the package reaches the backend through these names alone, so they stay a
+    handful (at most 8), and each of them resolves."""
+    import art_rlvr.backend as backend
+
+    assert len(backend.__all__) <= 8, backend.__all__
+    assert all(getattr(backend, name) is not None for name in backend.__all__)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a path of modules, or None (iterative DFS, three colours)."""
     colour = dict.fromkeys(graph, 0)

@@ -1,9 +1,9 @@
-"""Which ART backend runs a run: `backend=torch|local|serverless|tinker`.
+"""Which ART backend runs a run: `backend=torch|local|serverless|tinker`, as a `BackendChoice`.
 
-`check_requirements(name)` runs before anything heavy starts (no model load, no server, no
-connection): a missing requirement is a `BackendUnavailable` with one line naming what is
-missing and the command that installs or sets it. `build_backend(name, ...)` then constructs
-the backend through ART's public constructors:
+`BackendChoice.check()` runs before anything heavy starts (no model load, no server, no
+connection but one question to a self-hosted Tinker service): a missing requirement is a
+`BackendUnavailable` with one line naming what is missing and the command that installs or sets
+it. `BackendChoice.build(...)` then constructs the backend through ART's public constructors:
 
 - `torch`: art_rlvr's `TorchBackend` (embedded model, CPU or one CUDA GPU, no key);
 - `local`: `art.local.LocalBackend` (unsloth training + ART's managed vLLM runtime on this
@@ -32,8 +32,16 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from art_rlvr.backend.adapters import model_source
+from art_rlvr.core.chat_template import ChatTemplateError, missing_template
+
+if TYPE_CHECKING:
+    import art
 
 log = logging.getLogger(__name__)
 
@@ -182,44 +190,6 @@ def service_problem(name: str, base_model: str | None, timeout_s: float = 10.0) 
     return None
 
 
-async def service_lost(
-    base_model: str | None, *, every_s: float = 5.0, patience_s: float = 45.0
-) -> str:
-    """Wait until the self-hosted Tinker service stops answering for `patience_s`, and say
-    so in one line. The tinker SDK retries a dead service for as long as its session lives,
-    so without this a run whose engine died would hang instead of stopping to be resumed."""
-    import httpx
-
-    url = os.environ["TINKER_BASE_URL"].rstrip("/")
-    start = f"{SKYRL_START} --base-model {base_model} --port {urlparse(url).port or 8765}"
-    last_answer = time.monotonic()
-    async with httpx.AsyncClient(timeout=every_s) as client:
-        while True:
-            try:
-                (await client.get(f"{url}/api/v1/healthz")).raise_for_status()
-                last_answer = time.monotonic()
-            except httpx.HTTPError as error:
-                silent = time.monotonic() - last_answer
-                if silent >= patience_s:
-                    return (
-                        f"the Tinker service at {url} stopped answering {silent:.0f} s ago "
-                        f"({type(error).__name__}); restart it ({start}) and re-run the same "
-                        "command to resume"
-                    )
-            await asyncio.sleep(every_s)
-
-
-def model_config(name: str, base_model: str, lora_rank: int) -> dict[str, object] | None:
-    """ART's `_internal_config` entries a backend needs from the run: on tinker, the run's LoRA
-    rank (ART's native default is 1) and, for the embedded model, its renderer."""
-    if name != "tinker":
-        return None
-    args: dict[str, object] = {"training_client_args": {"rank": lora_rank}}
-    if base_model.startswith(EMBEDDED_PREFIX):
-        args["renderer_name"] = EMBEDDED_RENDERER
-    return {"tinker_native_args": args}
-
-
 def check_requirements(name: str, base_model: str | None = None) -> None:
     """Raise `BackendUnavailable` (one line) unless `name` can start on this machine.
 
@@ -228,21 +198,6 @@ def check_requirements(name: str, base_model: str | None = None) -> None:
     missing = missing_requirements(name, base_model)
     if missing:
         raise BackendUnavailable(f"backend={name} needs " + "; and ".join(missing))
-
-
-def check_backend(name: str, base_model: str, chat_template: str | None) -> None:
-    """Everything the backend can reject before a run starts (no folder, model or connection
-    yet): `check_requirements`, then a self-hosted Tinker service that does not answer or does
-    not serve `base_model` (`BackendUnavailable`), then a base model without a chat template
-    when the run names none (`ChatTemplateError`)."""
-    from art_rlvr.backend.adapters.model_source import declares_chat_template
-    from art_rlvr.backend.chat.templates import ChatTemplateError, missing_template
-
-    check_requirements(name, base_model)
-    if problem := service_problem(name, base_model):
-        raise BackendUnavailable(f"backend={name}: {problem}")
-    if chat_template is None and declares_chat_template(base_model) is False:
-        raise ChatTemplateError(missing_template(base_model))
 
 
 # Features that only TorchBackend offers, and what happens elsewhere (logged at build time).
@@ -254,52 +209,127 @@ TORCH_ONLY_NOTES = (
 )
 
 
-def build_backend(
-    name: str,
-    *,
-    path: str | Path,
-    seed: int = 0,
-    lora_rank: int = 16,
-    base_model: str | None = None,
-    **torch_options: Any,
-) -> Any:
-    """An `art.Backend` for `name`, built through ART's public constructors, after
-    `check_requirements(name, base_model)`.
+class BackendChoice(BaseModel):
+    """A run's backend and what it needs to know of the model: everything a run asks of the
+    choice (checks before it starts, the backend, its model, a watch on a remote service)."""
 
-    `path` is the ART folder (checkpoints, logs) for the torch, local and tinker backends;
-    ServerlessBackend keeps its state on W&B. `lora_rank` and `torch_options` configure
-    TorchBackend; ART's backends take the LoRA settings from the model's `_internal_config`."""
-    check_requirements(name, base_model)
-    if name == "torch":
-        from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-        return TorchBackend(
-            path=path,
-            seed=seed,
-            lora=LoraSettings(rank=lora_rank, alpha=2 * lora_rank),
-            **torch_options,
+    name: BackendName = "torch"
+    base_model: str = model_source.DEFAULT_BASE_MODEL
+    chat_template: str | None = None  # the template's text (`core.chat_template` resolves it)
+    lora_rank: int = Field(default=16, ge=1)
+
+    def check(self) -> None:
+        """Everything the backend can reject before a run starts (no folder, model or
+        connection yet): `check_requirements`, then a self-hosted Tinker service that does not
+        answer or does not serve `base_model` (`BackendUnavailable`), then a base model without
+        a chat template when the run names none (`ChatTemplateError`)."""
+        check_requirements(self.name, self.base_model)
+        if problem := service_problem(self.name, self.base_model):
+            raise BackendUnavailable(f"backend={self.name}: {problem}")
+        unset = self.chat_template is None
+        if unset and model_source.declares_chat_template(self.base_model) is False:
+            raise ChatTemplateError(missing_template(self.base_model))
+
+    def base_model_problem(self) -> str | None:
+        """Why the base model cannot load on this machine, found without loading it; None on
+        serverless and tinker, which load it remotely."""
+        loads_here = self.name in ("torch", "local")
+        return model_source.base_model_problem(self.base_model) if loads_here else None
+
+    def internal_config(self) -> dict[str, object] | None:
+        """ART's `_internal_config` entries the backend needs from the run: on tinker, the
+        run's LoRA rank (ART's native default is 1) and, for the embedded model, its renderer."""
+        if self.name != "tinker":
+            return None
+        args: dict[str, object] = {"training_client_args": {"rank": self.lora_rank}}
+        if self.base_model.startswith(EMBEDDED_PREFIX):
+            args["renderer_name"] = EMBEDDED_RENDERER
+        return {"tinker_native_args": args}
+
+    def trainable_model(self, name: str, project: str) -> art.TrainableModel:
+        """The run's `art.TrainableModel` (run_name = name). The chat template travels in ART's
+        own `_internal_config`, which ART's backends and TorchBackend both read, to serve and
+        train, beside the backend's own entries (`internal_config`)."""
+        import art
+        from art.dev.model import InternalModelConfig
+
+        entries = {
+            **(self.internal_config() or {}),
+            **({} if self.chat_template is None else {"chat_template": self.chat_template}),
+        }
+        config = cast(InternalModelConfig, entries) if entries else None
+        return art.TrainableModel(
+            name=name,
+            project=project,
+            run_name=name,
+            base_model=self.base_model,
+            _internal_config=config,
         )
-    lora = (
-        f"lora_rank={lora_rank} is the Tinker training client's rank"
-        if name == "tinker"
-        else f"lora_rank={lora_rank} is ignored (ART's defaults apply)"
-    )
-    for note in (*TORCH_ONLY_NOTES, lora):
-        log.info("backend=%s: %s", name, note)
-    if name == "local":
-        from art.local import LocalBackend
 
-        return LocalBackend(path=str(path))
-    if name == "serverless":
-        from art.serverless import ServerlessBackend
+    def build(self, *, path: str | Path, seed: int = 0, **torch_options: Any) -> Any:
+        """An `art.Backend`, built through ART's public constructors after `check_requirements`.
 
-        return ServerlessBackend()
-    from art_rlvr.backend.external.tinker import TinkerBackend, register_embedded_tokenizer
+        `path` is the ART folder (checkpoints, logs) for the torch, local and tinker backends;
+        ServerlessBackend keeps its state on W&B. `lora_rank` and `torch_options` configure
+        TorchBackend; ART's backends take the LoRA settings from the model's `_internal_config`."""
+        name, base_model, lora_rank = self.name, self.base_model, self.lora_rank
+        check_requirements(name, base_model)
+        if name == "torch":
+            from art_rlvr.backend.torch_backend import LoraSettings, TorchBackend
 
-    if base_model is not None and base_model.startswith(EMBEDDED_PREFIX):
-        register_embedded_tokenizer(base_model)
-    log.info(
-        "backend=tinker: service %s; sampling is the engine's (runs are not bit-reproducible)",
-        os.environ.get("TINKER_BASE_URL") or "Thinking Machines' Tinker",
-    )
-    return TinkerBackend(path=str(path))
+            return TorchBackend(
+                path=path,
+                seed=seed,
+                lora=LoraSettings(rank=lora_rank, alpha=2 * lora_rank),
+                **torch_options,
+            )
+        lora = (
+            f"lora_rank={lora_rank} is the Tinker training client's rank"
+            if name == "tinker"
+            else f"lora_rank={lora_rank} is ignored (ART's defaults apply)"
+        )
+        for note in (*TORCH_ONLY_NOTES, lora):
+            log.info("backend=%s: %s", name, note)
+        if name == "local":
+            from art.local import LocalBackend
+
+            return LocalBackend(path=str(path))
+        if name == "serverless":
+            from art.serverless import ServerlessBackend
+
+            return ServerlessBackend()
+        from art_rlvr.backend.external.tinker import TinkerBackend, register_embedded_tokenizer
+
+        if base_model.startswith(EMBEDDED_PREFIX):
+            register_embedded_tokenizer(base_model)
+        log.info(
+            "backend=tinker: service %s; sampling is the engine's (runs are not bit-reproducible)",
+            os.environ.get("TINKER_BASE_URL") or "Thinking Machines' Tinker",
+        )
+        return TinkerBackend(path=str(path))
+
+    async def service_lost(self, *, every_s: float = 5.0, patience_s: float = 45.0) -> str:
+        """Wait until the self-hosted Tinker service stops answering for `patience_s`, and say
+        so in one line. The tinker SDK retries a dead service for as long as its session lives,
+        so without this a run whose engine died would hang instead of stopping to be resumed."""
+        import httpx
+
+        url = os.environ["TINKER_BASE_URL"].rstrip("/")
+        start = f"{SKYRL_START} --base-model {self.base_model} --port {urlparse(url).port or 8765}"
+        last_answer = time.monotonic()
+        async with httpx.AsyncClient(timeout=every_s) as client:
+            while True:
+                try:
+                    (await client.get(f"{url}/api/v1/healthz")).raise_for_status()
+                    last_answer = time.monotonic()
+                except httpx.HTTPError as error:
+                    silent = time.monotonic() - last_answer
+                    if silent >= patience_s:
+                        return (
+                            f"the Tinker service at {url} stopped answering {silent:.0f} s ago "
+                            f"({type(error).__name__}); restart it ({start}) and re-run the same "
+                            "command to resume"
+                        )
+                await asyncio.sleep(every_s)

@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import math
+import secrets
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
@@ -52,7 +53,6 @@ from art_rlvr.backend.serving.server import (
     ServerThread,
     build_app,
     close_app,
-    new_api_key,
     prompt_chars_bound,
     serve,
     server_config,
@@ -61,7 +61,7 @@ from art_rlvr.backend.training import steps as S
 from art_rlvr.backend.training import train as T
 from art_rlvr.core.types import Loss
 
-__all__ = ["LoraSettings", "TorchBackend", "serve_backend"]
+__all__ = ["LoraSettings", "TorchBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class TorchBackend:
         self.threads = threads or usable_cores()
         self._bases: dict[str, _Base] = {}
         self._trainees: dict[str, Trainee] = {}
-        self._api_key = new_api_key()
+        self._api_key = self.new_api_key()
         self._server: ServerThread | None = None
         # torch work before an engine exists; `close` waits for what a cancelled caller left
         self._own = OwnThreads()
@@ -245,6 +245,31 @@ class TorchBackend:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    # ------------------------------------------------------------------ serving elsewhere
+    @staticmethod
+    def new_api_key() -> str:
+        """A fresh key for the backend's OpenAI-compatible server: its own port's (one each
+        backend), or one for `serve_on` that the caller shows its users."""
+        return f"art-rlvr-{secrets.token_urlsafe(18)}"
+
+    def serve_on(self, sock: socket.socket, api_key: str) -> None:
+        """Serve the models registered here on `sock` (bound and listening wherever the caller
+        chose) with the backend's own OpenAI-compatible app: the same routes, request checks
+        and `name@step` routing as the port the backend picks for itself. Returns after a
+        graceful shutdown (Ctrl-C: uvicorn re-raises the signal), with the backend closed."""
+        app = build_app(
+            resolve=self._resolve,
+            list_models=self._served_names,
+            api_key=api_key,
+            default_max_tokens=self.default_max_tokens,
+        )
+        server = uvicorn.Server(server_config(app))
+        try:
+            asyncio.run(serve(server, [sock]))
+        finally:
+            asyncio.run(self.close())
+            close_app(app)
 
     # ------------------------------------------------------------------ training
     async def train(
@@ -498,22 +523,3 @@ class TorchBackend:
             policy=policy,
             max_prompt_chars=prompt_chars_bound(engine.max_context, longest_token_chars(tokenizer)),
         )
-
-
-def serve_backend(backend: TorchBackend, api_key: str, sock: socket.socket) -> None:
-    """Serve the models registered with `backend` on `sock` (bound and listening wherever the
-    caller chose) with TorchBackend's own OpenAI-compatible app: the same routes, request checks
-    and `name@step` routing as the port the backend picks for itself. Returns after a graceful
-    shutdown (Ctrl-C: uvicorn re-raises the signal), with the backend closed."""
-    app = build_app(
-        resolve=backend._resolve,
-        list_models=backend._served_names,
-        api_key=api_key,
-        default_max_tokens=backend.default_max_tokens,
-    )
-    server = uvicorn.Server(server_config(app))
-    try:
-        asyncio.run(serve(server, [sock]))
-    finally:
-        asyncio.run(backend.close())
-        close_app(app)

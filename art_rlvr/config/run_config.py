@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from art_rlvr.backend import DEFAULT_BASE_MODEL, BackendName, resolve_chat_template
+from art_rlvr.backend import DEFAULT_BASE_MODEL, BackendName
 from art_rlvr.config.keys import (
     ConfigError,
     coerce_source_value,
@@ -29,6 +29,7 @@ from art_rlvr.config.keys import (
     mask_secrets,
 )
 from art_rlvr.config.rl_config import RLConfig
+from art_rlvr.core.chat_template import resolve_chat_template
 from art_rlvr.core.text import did_you_mean
 from art_rlvr.ei.config import EIConfig
 from art_rlvr.eval.policy import PolicyRole

@@ -22,8 +22,8 @@ from art_rlvr import DEFAULT_BASE_MODEL, load_scenario
 from art_rlvr.backend import choose as backends
 from art_rlvr.backend.choose import (
     BACKENDS,
+    BackendChoice,
     BackendUnavailable,
-    build_backend,
     check_requirements,
     missing_requirements,
 )
@@ -120,14 +120,21 @@ def test_tinker_takes_the_embedded_model_only_from_a_self_hosted_engine(
     assert not any("embedded" in m for m in missing_requirements("tinker", DEFAULT_BASE_MODEL))
 
 
-def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
-    no_keys: pytest.MonkeyPatch,
-) -> None:
-    """Nothing listens on the port: the line names the URL and the command that starts it."""
+@pytest.fixture
+def no_service(no_keys: pytest.MonkeyPatch) -> int:
+    """TINKER_BASE_URL names a loopback port nothing listens on; the port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     no_keys.setenv("TINKER_BASE_URL", f"http://127.0.0.1:{port}")
+    return port
+
+
+def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
+    no_keys: pytest.MonkeyPatch, no_service: int
+) -> None:
+    """Nothing listens on the port: the line names the URL and the command that starts it."""
+    port = no_service
     problem = backends.service_problem("tinker", DEFAULT_BASE_MODEL)
     assert problem is not None and "\n" not in problem
     assert f"TINKER_BASE_URL=http://127.0.0.1:{port}" in problem and "refused" in problem
@@ -138,6 +145,17 @@ def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
     assert backends.service_problem("torch", DEFAULT_BASE_MODEL) is None
     no_keys.delenv("TINKER_BASE_URL")
     assert backends.service_problem("tinker", HUB_MODEL) is None  # Thinking Machines': not asked
+
+
+async def test_a_tinker_service_that_goes_away_is_one_line_naming_the_restart(
+    no_service: int,
+) -> None:
+    """The watch a run keeps on a self-hosted service: silent for `patience_s`, it says so."""
+    port = no_service
+    choice = BackendChoice(name="tinker")
+    line = await asyncio.wait_for(choice.service_lost(every_s=0.05, patience_s=0.1), timeout=10)
+    assert "\n" not in line and f"the Tinker service at http://127.0.0.1:{port} stopped" in line
+    assert f"--base-model {DEFAULT_BASE_MODEL} --port {port}" in line
 
 
 @pytest.mark.parametrize(
@@ -158,10 +176,13 @@ def test_a_tinker_service_that_is_not_there_is_one_line_naming_it(
         ),
     ],
 )
-def test_model_config_gives_tinker_the_runs_rank_and_the_embedded_renderer(
+def test_the_model_carries_the_backends_entries_and_the_chat_template(
     name: str, base_model: str, expected: dict[str, Any] | None
 ) -> None:
-    assert backends.model_config(name, base_model, 8) == expected
+    choice = BackendChoice(name=name, base_model=base_model, lora_rank=8)
+    assert choice.internal_config() == expected
+    model = choice.model_copy(update={"chat_template": "t"}).trainable_model("m", "p")
+    assert model._internal_config == {**(expected or {}), "chat_template": "t"}
 
 
 def test_local_names_cuda_and_the_gpu_extra_with_the_install_command() -> None:
@@ -226,7 +247,7 @@ async def test_serverless_factory_builds_arts_backend_without_connecting(
     no_keys.setenv("WANDB_API_KEY", "test-key-never-sent")
     from art.serverless import ServerlessBackend
 
-    backend = build_backend("serverless", path="unused", base_model=HUB_MODEL)
+    backend = BackendChoice(name="serverless", base_model=HUB_MODEL).build(path="unused")
     assert isinstance(backend, ServerlessBackend)
     await backend.close()
     assert attempts == []
@@ -280,7 +301,7 @@ class ProtocolOnly:
 async def test_rl_gepa_and_ei_paths_run_on_a_second_backend_through_arts_protocol(
     tmp_path: Path,
 ) -> None:
-    inner = build_backend("torch", path=tmp_path / "art", seed=1, lora_rank=8)
+    inner = BackendChoice(lora_rank=8).build(path=tmp_path / "art", seed=1)
     assert isinstance(inner, TorchBackend)
     backend = ProtocolOnly(inner)
     scenario = load_scenario("arith", seed=0)

@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 
 from art_rlvr import DEFAULT_BASE_MODEL, RunConfig, TorchBackend
 from art_rlvr.backend.adapters.model_source import declares_chat_template, resolve_base_model
-from art_rlvr.backend.chat.templates import PLAIN, ChatTemplateError
 from art_rlvr.config.run_config import ConfigError, parse_args
+from art_rlvr.core.chat_template import PLAIN, ChatTemplateError
 from art_rlvr.export import main as export_main
 from art_rlvr.run import main as run_main
 from art_rlvr.rundir.stored import read_trajectories

@@ -1,4 +1,4 @@
-"""Checkpoints in ART's layout: `<model_dir>/checkpoints/<step:04d>/`, written atomically.
+"""Checkpoints in ART's layout (`art_rlvr.core.art_layout`), written atomically.
 
 A step folder is built under a hidden temporary name, fsynced and renamed, so a process killed
 mid-save leaves either the whole checkpoint or none (ART's step discovery ignores hidden names).
@@ -12,18 +12,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from art_rlvr.core.art_layout import checkpoint_dir, list_steps
 from art_rlvr.rundir.files import write_json_atomic  # noqa: F401  (torch_backend saves through it)
-
-
-def checkpoint_dir(model_dir: Path, step: int) -> Path:
-    return model_dir / "checkpoints" / f"{step:04d}"
-
-
-def list_steps(model_dir: Path) -> list[int]:
-    root = model_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 def latest_step(model_dir: Path) -> int | None:

@@ -40,6 +40,7 @@ from art_rlvr.backend.adapters.model_source import resolve_base_model
 from art_rlvr.backend.engine.generation import GenerationEngine
 from art_rlvr.backend.serving.served import ServedLog
 from art_rlvr.backend.serving.server import ModelNotFound
+from art_rlvr.core.art_layout import checkpoint_dir, list_steps
 
 log = logging.getLogger(__name__)
 
@@ -203,29 +204,29 @@ def save(trainee: Trainee, *, optimizer_state: bool) -> None:
 def drop_older_optimizer_states(model_dir: Path, newest: int) -> None:
     """Only the newest checkpoint keeps its optimizer state (it is as big as the adapter
     twice over); run again on resume, it finishes a clean-up a kill interrupted."""
-    for old in ckpt.list_steps(model_dir):
+    for old in list_steps(model_dir):
         if old < newest:
-            (ckpt.checkpoint_dir(model_dir, old) / OPTIMIZER_FILE).unlink(missing_ok=True)
+            (checkpoint_dir(model_dir, old) / OPTIMIZER_FILE).unlink(missing_ok=True)
 
 
 def optimizer_step(model_dir: Path, upto: int) -> int | None:
     """The newest step at or before `upto` whose checkpoint holds optimizer state."""
     steps = [
         s
-        for s in ckpt.list_steps(model_dir)
-        if s <= upto and (ckpt.checkpoint_dir(model_dir, s) / OPTIMIZER_FILE).is_file()
+        for s in list_steps(model_dir)
+        if s <= upto and (checkpoint_dir(model_dir, s) / OPTIMIZER_FILE).is_file()
     ]
     return steps[-1] if steps else None
 
 
 def restore(trainee: Trainee, step: int) -> None:
-    folder = ckpt.checkpoint_dir(trainee.model_dir, step)
+    folder = checkpoint_dir(trainee.model_dir, step)
     device = next(trainee.base.model.parameters()).device
     weights = load_file(folder / "adapter_model.safetensors", device=str(device))
     set_peft_model_state_dict(trainee.base.model, weights, adapter_name=trainee.adapter)
     moments = optimizer_step(trainee.model_dir, step)
     if moments is not None:
-        path = ckpt.checkpoint_dir(trainee.model_dir, moments) / OPTIMIZER_FILE
+        path = checkpoint_dir(trainee.model_dir, moments) / OPTIMIZER_FILE
         trainee.optimizer.load_state_dict(torch.load(path, weights_only=True))
         drop_older_optimizer_states(trainee.model_dir, moments)
     if moments is None:
@@ -259,11 +260,11 @@ def step_adapter(trainee: Trainee, step: int, *, max_cached: int) -> str:
     if step in trainee.step_adapters:
         trainee.step_adapters.move_to_end(step)
         return trainee.step_adapters[step]
-    folder = ckpt.checkpoint_dir(trainee.model_dir, step)
+    folder = checkpoint_dir(trainee.model_dir, step)
     if not (folder / "adapter_model.safetensors").is_file():
         raise ModelNotFound(
             f"{trainee.model.name}@{step} has no checkpoint; steps on disk: "
-            f"{ckpt.list_steps(trainee.model_dir)}"
+            f"{list_steps(trainee.model_dir)}"
         )
     name = f"{trainee.adapter}_s{step}"
     with exclusive(trainee.base):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -591,7 +590,3 @@ class ServerThread:
         self._thread.join(timeout=15)
         self._socket.close()
         close_app(self._app)
-
-
-def new_api_key() -> str:
-    return f"art-rlvr-{secrets.token_urlsafe(18)}"
