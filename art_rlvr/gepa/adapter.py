@@ -105,7 +105,7 @@ class ARTPromptAdapter:
         self.loop = loop
 
     async def aevaluate(self, examples: Sequence[Example], prompt: str) -> list[ExampleEval]:
-        """One ScenarioEval per scenario; only the ones never run for this prompt cost calls."""
+        """One ExampleEval per example; only the ones never run for this prompt cost calls."""
         todo = self.store.missing(prompt, examples)
         if todo:
             self.store.reserve(len(todo) * self.group_size)

@@ -40,7 +40,7 @@ def journaled_eval(record: dict[str, object]) -> ExampleEval | None:
 
 
 class EvalStore:
-    """(prompt, scenario) -> ScenarioEval, the metric-call meter, and their journal."""
+    """(prompt, example) -> ExampleEval, the metric-call meter, and their journal."""
 
     def __init__(self, max_metric_calls: int, journal: Journal) -> None:
         self.max_metric_calls = max_metric_calls
