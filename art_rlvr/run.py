@@ -42,7 +42,7 @@ from art_rlvr.eval.policy import PolicyError, read_key
 from art_rlvr.gepa.start import choose_seed_prompt
 from art_rlvr.gepa.start import start_problem as gepa_problem
 from art_rlvr.llm.client import key_problem
-from art_rlvr.loops.evaluate import sampled_eval, versions
+from art_rlvr.loops.evaluate import versions
 from art_rlvr.loops.plan import spell
 from art_rlvr.observe.clock import cpu_seconds
 from art_rlvr.observe.tracing import finish_weave, setup_weave
@@ -181,23 +181,13 @@ async def execute(cfg: RunConfig, scenario: Scenario | Mixture, files: RunFiles)
             from art_rlvr.eval.policy import external_model
 
             policy = external_model(cfg.policy, project=cfg.project)
-            if cfg.mode == "gepa":  # the prompt evolves, the external weights stay as they are
-                # GEPA reads the model only through its client and trains nothing: no backend
-                trainee = cast("art.TrainableModel", policy)
-                ctx = RunContext(
-                    cfg, scenario, cast("art.Backend", None), trainee, files, started, cpu_started
-                )
-                result = await run_phases(ctx)
-            else:
-                result = await sampled_eval(
-                    cfg,
-                    scenario,
-                    files,
-                    policy,
-                    started,
-                    cpu_started,
-                    system_prompt=cfg.system_prompt,
-                )
+            # eval and GEPA read the model only through its client and train nothing: the same
+            # phases as on the run's own model, with no backend
+            trainee = cast("art.TrainableModel", policy)
+            ctx = RunContext(
+                cfg, scenario, cast("art.Backend", None), trainee, files, started, cpu_started
+            )
+            result = await run_phases(ctx)
         else:
             choice = chosen_backend(cfg)
             backend = choice.build(path=files.art_path, seed=cfg.seed)
